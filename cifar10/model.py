@@ -1,0 +1,134 @@
+"""The CIFAR-10 network of the TensorFlow tutorial, in graph mode (tf.compat.v1).
+
+Two convolutional layers with max-pooling and local response normalisation, two
+fully connected layers with L2 weight decay, and a linear softmax layer:
+
+    conv1 5x5x3->64, relu, max-pool 3x3/2, LRN
+    conv2 5x5x64->64, relu, LRN, max-pool 3x3/2
+    local3 2304->384 relu, local4 384->192 relu   (weight decay 0.004 each)
+    softmax_linear 192->10                        (logits; softmax lives in the loss)
+
+1,068,298 trainable parameters. A fresh model's total loss is about 4.68:
+ln(10) = 2.30 of cross-entropy plus about 2.37 of weight decay.
+
+No devices, flags, paths or printing here: the caller places the ops.
+"""
+import tensorflow as tf
+
+# ---- Data shape and schedule constants of the tutorial ---------------------
+IMAGE_SIZE = 24                        # pixels; the readers crop 32x32 images to this
+NUM_CLASSES = 10
+NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 50000
+NUM_EXAMPLES_PER_EPOCH_FOR_EVAL = 10000
+
+MOVING_AVERAGE_DECAY = 0.9999     # decay of the shadow copies used for evaluation
+NUM_EPOCHS_PER_DECAY = 350.0      # lr is multiplied by LEARNING_RATE_DECAY_FACTOR ...
+LEARNING_RATE_DECAY_FACTOR = 0.1  # ... once per this many epochs (staircase)
+INITIAL_LEARNING_RATE = 0.1       # SGD step size at global step 0
+
+TOWER_NAME = 'tower'              # name scope prefix of replica i: tower_0, tower_1, ...
+LOSSES = 'losses'                 # collection: cross-entropy and weight-decay terms
+ACTIVATIONS = 'activations'       # collection: each layer's output, for summaries
+
+
+def _variable(name, shape, stddev, bias_init=None, wd=None):
+  """Creates (or, under reuse, fetches) one weight or bias variable.
+
+  Args:
+    name: 'weights' or 'biases', created in the current variable scope.
+    shape: list of ints.
+    stddev: standard deviation of the truncated-normal initialiser (weights).
+    bias_init: when given, a constant initialiser with this value (biases).
+    wd: L2 weight decay factor; wd * l2_loss(var) is added to LOSSES in the
+      current name scope, so each tower collects its own copy.
+
+  Returns:
+    float32 variable of `shape`.
+  """
+  if bias_init is None:
+    initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev)
+  else:
+    initializer = tf.compat.v1.constant_initializer(bias_init)
+  var = tf.compat.v1.get_variable(name, shape, tf.float32, initializer=initializer)
+  if wd is not None:
+    weight_decay = tf.multiply(tf.nn.l2_loss(var), wd, name='weight_loss')
+    tf.compat.v1.add_to_collection(LOSSES, weight_decay)
+  return var
+
+
+def inference(images):
+  """Builds the network up to the logits.
+
+  Args:
+    images: float32 [batch, 24, 24, 3], standardised per image.
+
+  Returns:
+    logits: float32 [batch, 10], unnormalised.
+  """
+  with tf.compat.v1.variable_scope('conv1') as scope:
+    kernel = _variable('weights', [5, 5, 3, 64], stddev=5e-2)
+    biases = _variable('biases', [64], stddev=None, bias_init=0.0)
+    conv = tf.nn.conv2d(images, kernel, [1, 1, 1, 1], padding='SAME')
+    conv1 = tf.nn.relu(tf.nn.bias_add(conv, biases), name=scope.name)
+    tf.compat.v1.add_to_collection(ACTIVATIONS, conv1)
+
+  pool1 = tf.nn.max_pool2d(conv1, ksize=3, strides=2, padding='SAME', name='pool1')
+  norm1 = tf.nn.lrn(pool1, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75,
+                    name='norm1')
+
+  with tf.compat.v1.variable_scope('conv2') as scope:
+    kernel = _variable('weights', [5, 5, 64, 64], stddev=5e-2)
+    biases = _variable('biases', [64], stddev=None, bias_init=0.1)
+    conv = tf.nn.conv2d(norm1, kernel, [1, 1, 1, 1], padding='SAME')
+    conv2 = tf.nn.relu(tf.nn.bias_add(conv, biases), name=scope.name)
+    tf.compat.v1.add_to_collection(ACTIVATIONS, conv2)
+
+  norm2 = tf.nn.lrn(conv2, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75,
+                    name='norm2')
+  pool2 = tf.nn.max_pool2d(norm2, ksize=3, strides=2, padding='SAME', name='pool2')
+
+  with tf.compat.v1.variable_scope('local3') as scope:
+    # 24x24 input, two stride-2 pools: 6 x 6 x 64 = 2304 features per image.
+    dim = pool2.shape[1] * pool2.shape[2] * pool2.shape[3]
+    reshape = tf.reshape(pool2, [-1, dim])
+    weights = _variable('weights', [dim, 384], stddev=0.04, wd=0.004)
+    biases = _variable('biases', [384], stddev=None, bias_init=0.1)
+    local3 = tf.nn.relu(tf.matmul(reshape, weights) + biases, name=scope.name)
+    tf.compat.v1.add_to_collection(ACTIVATIONS, local3)
+
+  with tf.compat.v1.variable_scope('local4') as scope:
+    weights = _variable('weights', [384, 192], stddev=0.04, wd=0.004)
+    biases = _variable('biases', [192], stddev=None, bias_init=0.1)
+    local4 = tf.nn.relu(tf.matmul(local3, weights) + biases, name=scope.name)
+    tf.compat.v1.add_to_collection(ACTIVATIONS, local4)
+
+  # Linear layer: tf.nn.sparse_softmax_cross_entropy_with_logits takes unscaled
+  # logits and applies the softmax itself, more stably.
+  with tf.compat.v1.variable_scope('softmax_linear') as scope:
+    weights = _variable('weights', [192, NUM_CLASSES], stddev=1 / 192.0)
+    biases = _variable('biases', [NUM_CLASSES], stddev=None, bias_init=0.0)
+    softmax_linear = tf.add(tf.matmul(local4, weights), biases, name=scope.name)
+    tf.compat.v1.add_to_collection(ACTIVATIONS, softmax_linear)
+
+  return softmax_linear
+
+
+def loss(logits, labels):
+  """Adds the mean cross-entropy to LOSSES and returns the sum of LOSSES.
+
+  Args:
+    logits: float32 [batch, 10] from inference().
+    labels: int32 [batch], class ids 0..9.
+
+  Returns:
+    total_loss: float32 scalar, cross-entropy plus every weight-decay term in
+      LOSSES. With several towers in one graph, use tower_loss() in the trainer,
+      which sums only the terms of one tower's name scope.
+  """
+  labels = tf.cast(labels, tf.int64)
+  cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits, name='cross_entropy_per_example')
+  cross_entropy_mean = tf.reduce_mean(cross_entropy, name='cross_entropy')
+  tf.compat.v1.add_to_collection(LOSSES, cross_entropy_mean)
+  return tf.add_n(tf.compat.v1.get_collection(LOSSES), name='total_loss')
+

@@ -1,0 +1,479 @@
+"""Trains the CIFAR-10 model on several GPUs at once: synchronous data parallelism.
+
+    python multi_gpu_train.py --num_gpus=4
+
+Each GPU runs one tower: a full copy of the model on its own batch, all towers
+sharing one set of variables on the CPU. Each step the towers' gradients are
+averaged on the CPU and applied once, so one step over 4 towers of 128 images is
+one SGD step on a batch of 512. With fewer GPUs than --num_gpus the towers run on
+virtual CPU devices instead (start-up says so).
+
+Expect, as in the original tutorial: about 86% precision @ 1 on the test set
+(cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
+Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
+"""
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # keep TensorFlow's INFO chatter off the loss lines
+
+import datetime
+import glob
+import shutil
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+import cifar10
+import cifar10_input
+
+# ---- Training knobs: edit, save, rerun ----------------------------------------
+BATCH_SIZE = 128                  # images per tower; one step sees BATCH_SIZE * num_gpus
+NUM_GPUS = 1                      # towers; each gets /gpu:i, or /cpu:i without GPUs
+MAX_STEPS = 1000000               # global step to stop at (the tutorial's 1M)
+LOG_FREQUENCY = 10                # steps between loss lines
+SAVE_EVERY_N_STEPS = 1000         # steps between checkpoints; one more after the last step
+SUMMARY_STEPS = 100               # steps between TensorBoard summaries; 0 turns them off
+KEEP_CHECKPOINTS = 5              # older checkpoints are deleted by the Saver as new ones land
+TRAIN_DIR = '/tmp/cifar10_train'  # checkpoints and event files
+DATA_DIR = '/tmp/cifar10_data'    # the archive and cifar-10-batches-bin/
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer('num_gpus', NUM_GPUS, 'Number of towers (GPUs) to use.')
+flags.DEFINE_integer('batch_size', BATCH_SIZE, 'Images per tower per step.')
+flags.DEFINE_integer('max_steps', MAX_STEPS, 'Global step at which to stop.')
+flags.DEFINE_string('train_dir', TRAIN_DIR, 'Checkpoints and summaries go here.')
+flags.DEFINE_string('data_dir', DATA_DIR, 'CIFAR-10 archive and extracted files.')
+flags.DEFINE_string('data_url', cifar10_input.DATA_URL, 'Where to download the archive.')
+flags.DEFINE_string('data_md5', cifar10_input.DATA_MD5, 'md5 of the archive at --data_url.')
+flags.DEFINE_integer('log_frequency', LOG_FREQUENCY, 'Steps between loss lines.')
+flags.DEFINE_integer('summary_steps', SUMMARY_STEPS, 'Steps between summaries; 0: none.')
+flags.DEFINE_boolean('fresh', False, 'Start from step 0: move the checkpoints and event '
+                     'files already in --train_dir into a dated subdirectory first.')
+flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
+                     'as they are ready (asynchronous), one thread per tower.')
+flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
+                     'to time the compute alone.')
+flags.DEFINE_boolean('log_device_placement', False, 'Log the device of every op.')
+flags.DEFINE_boolean('allow_growth', False, 'Allocate GPU memory as needed instead of '
+                     'taking nearly all of it at start.')
+flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s memory '
+                   'this process takes (per_process_gpu_memory_fraction); 0: no cap.')
+flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
+flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
+
+CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
+TRAIN_DIR_FILES = ['checkpoint', CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*']
+
+
+class TrainingError(Exception):
+  """The run cannot go on; the message says why and what to do."""
+
+
+def tower_loss(scope, images, labels):
+  """Builds one tower and returns its total loss.
+
+  Args:
+    scope: str, the tower's name scope ('tower_0/'), whose LOSSES terms are summed.
+    images: float32 [batch, 24, 24, 3].
+    labels: int32 [batch].
+
+  Returns:
+    float32 scalar: this tower's cross-entropy plus its weight-decay terms.
+  """
+  logits = cifar10.inference(images)
+  # cifar10.loss() sums the LOSSES of every tower built so far; keep only ours.
+  cifar10.loss(logits, labels)
+  losses = tf.compat.v1.get_collection(cifar10.LOSSES, scope)
+  return tf.add_n(losses, name='total_loss')
+
+
+def average_gradients(tower_grads):
+  """The synchronisation point: the mean of each variable's gradient over the towers.
+
+  Call it under tf.device('/cpu:0'), where the shared variables live.
+
+  Args:
+    tower_grads: list over towers of lists over variables of (gradient, variable):
+      [[(g0_v0, v0), (g0_v1, v1), ...], [(g1_v0, v0), (g1_v1, v1), ...], ...]
+
+  Returns:
+    list over variables of (mean gradient, variable): [(mean_v0, v0), ...].
+
+  Raises:
+    ValueError: a tower has no gradient for a variable.
+  """
+  average_grads = []
+  for grad_and_vars in zip(*tower_grads):
+    # grad_and_vars: ((g0_v, v), (g1_v, v), ...), one variable across the towers.
+    var = grad_and_vars[0][1]
+    grads = []
+    for g, _ in grad_and_vars:
+      if g is None:
+        raise ValueError('no gradient for variable %s: it does not feed the loss. '
+                         'Remove it or make it non-trainable.' % var.op.name)
+      grads.append(tf.expand_dims(g, 0))
+    grad = tf.reduce_mean(tf.concat(grads, axis=0), axis=0)
+    average_grads.append((grad, var))
+  return average_grads
+
+
+def tower_devices(num_gpus):
+  """Device of each tower: /gpu:i when TensorFlow sees enough GPUs, else /cpu:i.
+
+  Returns:
+    (list of device strings, number of CPU devices the session must create,
+     a line for start-up saying where the towers run).
+  """
+  gpus = tf.config.list_physical_devices('GPU')  # honours CUDA_VISIBLE_DEVICES
+  if len(gpus) >= num_gpus:
+    return (['/gpu:%d' % i for i in range(num_gpus)], 1,
+            'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
+  return (['/cpu:%d' % i for i in range(num_gpus)], num_gpus,
+          'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: '
+          'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
+          % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus,
+             num_gpus, num_gpus - 1))
+
+
+def _variables_on_cpu(device):
+  """Device function: variables on /cpu:0, every other op of a tower on `device`."""
+  def place(op):
+    node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
+    return '/cpu:0' if node_def.op in ('VarHandleOp', 'VariableV2') else device
+  return place
+
+
+def session_config(num_cpu_devices=1, log_device_placement=False, allow_growth=False,
+                   gpu_memory_fraction=0.0, intra_op_threads=0, inter_op_threads=0):
+  """ConfigProto with soft placement, the virtual CPU devices and the GPU options."""
+  config = tf.compat.v1.ConfigProto(
+      allow_soft_placement=True,  # ops with no GPU kernel fall back to the CPU
+      log_device_placement=log_device_placement,
+      device_count={'CPU': num_cpu_devices},
+      intra_op_parallelism_threads=intra_op_threads,
+      inter_op_parallelism_threads=inter_op_threads)
+  config.gpu_options.allow_growth = allow_growth
+  if gpu_memory_fraction:
+    config.gpu_options.per_process_gpu_memory_fraction = gpu_memory_fraction
+  return config
+
+
+def build_train_graph(next_batch, devices, batch_size, async_towers=False,
+                      summaries=True):
+  """Builds the towers, the gradient average, the update and the moving averages.
+
+  This is train()'s graph, in its own function so that tests and the benchmark
+  build exactly what training runs.
+
+  Args:
+    next_batch: callable returning (images float32 [batch_size, 24, 24, 3],
+      labels int32 [batch_size]); called once per tower, on the CPU, so each
+      tower dequeues its own batch from the one input pipeline.
+    devices: list of device strings, one tower each.
+    batch_size: int, images per tower.
+    async_towers: bool; False: average the towers' gradients and apply them once
+      per step. True: each tower applies its own gradients (one train op each).
+    summaries: bool, build the TensorBoard summary op.
+
+  Returns:
+    dict with train_ops (one op, or one per tower when async), tower_losses
+    (float32 scalars), loss (their mean), global_step, lr, examples_per_update,
+    decay_steps, summary_op (None without summaries) and ema.
+  """
+  num_towers = len(devices)
+  examples_per_update = batch_size if async_towers else batch_size * num_towers
+  with tf.device('/cpu:0'):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    # One decay per NUM_EPOCHS_PER_DECAY epochs of updates, counted in global batches.
+    decay_steps = int(cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / examples_per_update *
+                      cifar10.NUM_EPOCHS_PER_DECAY)
+    lr = tf.compat.v1.train.exponential_decay(cifar10.INITIAL_LEARNING_RATE, global_step,
+                                              decay_steps,
+                                              cifar10.LEARNING_RATE_DECAY_FACTOR,
+                                              staircase=True)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+
+  tower_grads, tower_losses = [], []
+  # A re-entered copy of the current scope, so that reuse ends with the loop.
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
+    for i, device in enumerate(devices):
+      with tf.compat.v1.device(_variables_on_cpu(device)), \
+          tf.name_scope('%s_%d' % (cifar10.TOWER_NAME, i)) as scope:
+        with tf.device('/cpu:0'):
+          images, labels = next_batch()
+        loss = tower_loss(scope, images, labels)
+        tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
+        tower_grads.append(opt.compute_gradients(loss))
+        tower_losses.append(loss)
+
+  with tf.device('/cpu:0'):
+    variables = tf.compat.v1.trainable_variables()
+    ema = tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY,
+                                                      num_updates=global_step)
+    if async_towers:
+      updates = [tg for tg in tower_grads]
+    else:
+      updates = [average_gradients(tower_grads)]
+    train_ops = []
+    for grads in updates:
+      apply_op = opt.apply_gradients(grads, global_step=global_step)
+      # The averages read the variables only after this update has landed.
+      with tf.control_dependencies([apply_op]):
+        ema_op = ema.apply(variables)
+      train_ops.append(tf.group(apply_op, ema_op))
+    loss = tf.reduce_mean(tf.stack(tower_losses), name='total_loss')
+
+  summary_op = None
+  if summaries:
+    # Async: only tower 0's tensors, the ones its own train op computes.
+    watched = range(num_towers) if not async_towers else [0]
+    summary_op = _summaries(watched, tower_losses, updates[0], lr)
+  return dict(train_ops=train_ops, tower_losses=tower_losses, loss=loss,
+              global_step=global_step, lr=lr, examples_per_update=examples_per_update,
+              decay_steps=decay_steps, summary_op=summary_op, ema=ema)
+
+
+def _summaries(towers, tower_losses, grads, lr):
+  """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay."""
+  graph = tf.compat.v1.get_default_graph()
+  total, cross_entropy = [], []
+  for i in towers:
+    prefix = '%s_%d/' % (cifar10.TOWER_NAME, i)
+    total.append(tower_losses[i])
+    cross_entropy.append(graph.get_tensor_by_name(prefix + 'cross_entropy:0'))
+    tf.compat.v1.summary.scalar(prefix + 'total_loss', total[-1])
+    tf.compat.v1.summary.scalar(prefix + 'cross_entropy', cross_entropy[-1])
+  tf.compat.v1.summary.scalar('total_loss', tf.reduce_mean(total))
+  tf.compat.v1.summary.scalar('cross_entropy', tf.reduce_mean(cross_entropy))
+  tf.compat.v1.summary.scalar('learning_rate', lr)
+  first = '%s_%d/' % (cifar10.TOWER_NAME, towers[0])
+  for x in tf.compat.v1.get_collection(cifar10.ACTIVATIONS, first):
+    name = x.op.name[len(first):]
+    tf.compat.v1.summary.histogram(name + '/activations', x)
+    tf.compat.v1.summary.scalar(name + '/sparsity', tf.nn.zero_fraction(x))
+  for grad, var in grads:
+    tf.compat.v1.summary.histogram(var.op.name, var)
+    tf.compat.v1.summary.histogram(var.op.name + '/gradients', grad)
+  return tf.compat.v1.summary.merge_all()
+
+
+def checkpoint_to_resume(train_dir):
+  """The checkpoint a rerun continues from, after checking it can be read whole.
+
+  Returns:
+    (path, global step) of the latest checkpoint, or (None, 0) for a directory
+    with no checkpoint files.
+
+  Raises:
+    TrainingError: the directory holds checkpoint files that cannot be read.
+  """
+  state_file = os.path.join(train_dir, 'checkpoint')
+  if not os.path.exists(state_file):
+    orphans = sorted(glob.glob(os.path.join(train_dir, CHECKPOINT_PREFIX + '-*.index')))
+    if orphans:
+      raise TrainingError(
+          '%s holds checkpoints (%s) but no "checkpoint" state file naming the latest. '
+          'Restore that file, or pass --fresh to set these aside and start from step 0.'
+          % (train_dir, ', '.join(os.path.basename(p) for p in orphans)))
+    return None, 0
+  # get_checkpoint_state() returns None for a file it cannot parse; starting from
+  # step 0 then would silently train over the user's checkpoints.
+  state = tf.train.get_checkpoint_state(train_dir)
+  if state is None or not state.model_checkpoint_path:
+    raise TrainingError(
+        '%s cannot be read as a checkpoint state file. Fix or remove it (it names '
+        'the latest model.ckpt-<step>), or pass --fresh to start from step 0.'
+        % state_file)
+  path = state.model_checkpoint_path
+  if not os.path.isabs(path):
+    path = os.path.join(train_dir, path)
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)  # reads every byte: a truncated file fails here
+    step = int(reader.get_tensor('global_step'))
+  except (tf.errors.OpError, ValueError) as e:
+    raise TrainingError(
+        'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
+        'older model.ckpt-<step> in that directory, or pass --fresh to start from '
+        'step 0.' % (path, state_file, str(e).splitlines()[0])) from e
+  return path, step
+
+
+def set_aside(train_dir):
+  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
+  found = sorted({p for pattern in TRAIN_DIR_FILES
+                  for p in glob.glob(os.path.join(train_dir, pattern))})
+  if not found:
+    return
+  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
+  os.makedirs(dest)
+  for path in found:
+    shutil.move(path, dest)
+  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
+        'no longer need them.' % (len(found), train_dir, dest,
+                                  ', '.join(os.path.basename(p) for p in found)))
+
+
+def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
+          summary_steps=SUMMARY_STEPS, async_towers=False, synthetic=False,
+          data_url=None, data_md5=None, fresh=False, config_options=None):
+  """Trains until global step max_steps, resuming from train_dir's latest checkpoint."""
+  if fresh:
+    set_aside(train_dir)
+  checkpoint, start_step = checkpoint_to_resume(train_dir)
+  if start_step >= max_steps:
+    print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
+          'to train further.' % (checkpoint, start_step, max_steps))
+    return
+  if not synthetic:
+    cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
+  devices, num_cpu_devices, where = tower_devices(num_gpus)
+
+  with tf.Graph().as_default():
+    with tf.device('/cpu:0'):
+      if synthetic:
+        dataset = cifar10_input.synthetic_dataset(batch_size)
+      else:
+        dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
+      iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+    graph = build_train_graph(iterator.get_next, devices, batch_size, async_towers,
+                              summaries=summary_steps > 0)
+    train_ops, loss, global_step = graph['train_ops'], graph['loss'], graph['global_step']
+    examples_per_update = graph['examples_per_update']
+    num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
+    all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                                for v in tf.compat.v1.trainable_variables()])
+    saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
+                                     max_to_keep=KEEP_CHECKPOINTS)
+    init = tf.compat.v1.global_variables_initializer()
+
+    print('TensorFlow %s; %s' % (tf.__version__, where))
+    print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
+        batch_size * num_gpus, batch_size, num_gpus,
+        ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
+    print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s' % (
+        graph['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, examples_per_update,
+        cifar10.NUM_EPOCHS_PER_DECAY, 'synthetic' if synthetic else data_dir))
+
+    config = session_config(num_cpu_devices, **(config_options or {}))
+    with tf.compat.v1.Session(config=config) as sess:
+      if checkpoint:
+        try:
+          saver.restore(sess, checkpoint)
+        except (tf.errors.OpError, ValueError) as e:
+          raise TrainingError('cannot restore %s into this model: %s. Use another '
+                              '--train_dir, or --fresh to start over.'
+                              % (checkpoint, str(e).splitlines()[0])) from e
+        print('Resuming from %s at step %d' % (checkpoint, start_step))
+      else:
+        sess.run(init)
+        print('Starting from step 0 in %s' % train_dir)
+      writer = tf.compat.v1.summary.FileWriter(train_dir, sess.graph if not checkpoint
+                                               else None) if summary_steps else None
+      checkpoint_path = os.path.join(train_dir, CHECKPOINT_PREFIX)
+
+      # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
+      stop, failures, threads = threading.Event(), [], []
+      for op in train_ops[1:]:
+        threads.append(threading.Thread(target=_run_tower, daemon=True,
+                                        args=(sess, op, global_step, max_steps, stop,
+                                              failures)))
+        threads[-1].start()
+
+      step = last_saved = start_step
+      try:
+        while step < max_steps:
+          fetches = [train_ops[0], loss]
+          summarize = summary_steps and step % summary_steps == 0
+          if summarize:
+            fetches.append(graph['summary_op'])
+          start_time = time.time()
+          results = sess.run(fetches)
+          duration = time.time() - start_time
+          loss_value = results[1]
+          previous, step = step, (sess.run(global_step) if async_towers else step + 1)
+
+          if np.isnan(loss_value) or np.isinf(loss_value):
+            raise TrainingError(
+                'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
+                '(cifar10/model.py) or --batch_size; the last checkpoint, step %d, is '
+                'untouched.' % (loss_value, step, last_saved))
+          if failures:
+            raise failures[0]
+
+          updates = max(step - previous, 1)
+          examples_per_sec = updates * examples_per_update / duration
+          if previous // log_frequency != step // log_frequency or step == start_step + 1:
+            sec_per_batch = duration / (updates if async_towers else num_gpus)
+            print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
+                datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
+            sys.stdout.flush()
+          if summarize:
+            writer.add_summary(results[2], step)
+            writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+                tag='examples_per_sec', simple_value=examples_per_sec)]), step)
+
+          if step // SAVE_EVERY_N_STEPS != last_saved // SAVE_EVERY_N_STEPS or \
+              step >= max_steps:
+            if not sess.run(all_finite):
+              raise TrainingError(
+                  'a variable became NaN or infinite by step %d: the model diverged. Lower '
+                  'INITIAL_LEARNING_RATE; the last checkpoint, step %d, is untouched.'
+                  % (step, last_saved))
+            path = saver.save(sess, checkpoint_path, global_step=step)
+            print('Saved checkpoint %s' % path)
+            last_saved = step
+      finally:
+        stop.set()
+        for thread in threads:
+          thread.join()
+        if writer:
+          writer.close()
+
+
+def _run_tower(sess, train_op, global_step, max_steps, stop, failures):
+  """Async mode: one tower applying its own updates until global step max_steps."""
+  try:
+    while not stop.is_set():
+      _, step = sess.run([train_op, global_step])
+      if step >= max_steps:
+        return
+  except Exception as e:  # surfaced by the main loop
+    failures.append(e)
+
+
+def main(argv):
+  del argv  # absl has already refused unknown flags
+  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency'):
+    if getattr(FLAGS, name) < 1:
+      sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
+  if FLAGS.summary_steps < 0:
+    sys.exit('error: --summary_steps must be 0 (off) or more, got %d' % FLAGS.summary_steps)
+  if not 0.0 <= FLAGS.gpu_memory_fraction <= 1.0:
+    sys.exit('error: --gpu_memory_fraction must be between 0 and 1, got %g'
+             % FLAGS.gpu_memory_fraction)
+  tf.compat.v1.disable_eager_execution()
+  os.makedirs(FLAGS.train_dir, exist_ok=True)
+  try:
+    train(FLAGS.train_dir, FLAGS.data_dir, FLAGS.num_gpus, FLAGS.batch_size,
+          FLAGS.max_steps, log_frequency=FLAGS.log_frequency,
+          summary_steps=FLAGS.summary_steps, async_towers=FLAGS.async_towers,
+          synthetic=FLAGS.synthetic, data_url=FLAGS.data_url, data_md5=FLAGS.data_md5,
+          fresh=FLAGS.fresh,
+          config_options=dict(log_device_placement=FLAGS.log_device_placement,
+                              allow_growth=FLAGS.allow_growth,
+                              gpu_memory_fraction=FLAGS.gpu_memory_fraction,
+                              intra_op_threads=FLAGS.intra_op_threads,
+                              inter_op_threads=FLAGS.inter_op_threads))
+  except (TrainingError, cifar10_input.DataError) as e:
+    sys.exit('error: %s' % e)
+
+
+if __name__ == '__main__':
+  app.run(main)
