@@ -140,11 +140,15 @@ def tower_devices(num_gpus):
              num_gpus, num_gpus - 1))
 
 
-def _variables_on_cpu(device):
-  """Device function: variables on /cpu:0, every other op of a tower on `device`."""
+def _place(device, variables_device):
+  """Device function: variables on `variables_device`, every other op on `device`.
+
+  variables_device '' leaves variables to an enclosing device function, such as
+  replica_device_setter putting them on parameter servers.
+  """
   def place(op):
     node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
-    return '/cpu:0' if node_def.op in ('VarHandleOp', 'VariableV2') else device
+    return variables_device if node_def.op in ('VarHandleOp', 'VariableV2') else device
   return place
 
 
@@ -164,7 +168,7 @@ def session_config(num_cpu_devices=1, log_device_placement=False, allow_growth=F
 
 
 def build_train_graph(next_batch, devices, batch_size, async_towers=False,
-                      summaries=True):
+                      summaries=True, variables_device='/cpu:0', wrap_optimizer=None):
   """Builds the towers, the gradient average, the update and the moving averages.
 
   This is train()'s graph, in its own function so that tests and the benchmark
@@ -179,15 +183,20 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
     async_towers: bool; False: average the towers' gradients and apply them once
       per step. True: each tower applies its own gradients (one train op each).
     summaries: bool, build the TensorBoard summary op.
+    variables_device: where the shared variables live; '' leaves them to an
+      enclosing device function (dist_train.py's replica_device_setter).
+    wrap_optimizer: optional callable taking and returning the optimizer
+      (dist_train.py wraps it in SyncReplicasOptimizer).
 
   Returns:
     dict with train_ops (one op, or one per tower when async), tower_losses
     (float32 scalars), loss (their mean), global_step, lr, examples_per_update,
-    decay_steps, summary_op (None without summaries) and ema.
+    decay_steps, summary_op (None without summaries), ema and optimizer.
   """
   num_towers = len(devices)
   examples_per_update = batch_size if async_towers else batch_size * num_towers
-  with tf.device('/cpu:0'):
+  on_cpu = _place('/cpu:0', variables_device)
+  with tf.compat.v1.device(on_cpu):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     # One decay per NUM_EPOCHS_PER_DECAY epochs of updates, counted in global batches.
     decay_steps = int(cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / examples_per_update *
@@ -197,12 +206,14 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
                                               cifar10.LEARNING_RATE_DECAY_FACTOR,
                                               staircase=True)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+    if wrap_optimizer:
+      opt = wrap_optimizer(opt)
 
   tower_grads, tower_losses = [], []
   # A re-entered copy of the current scope, so that reuse ends with the loop.
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
     for i, device in enumerate(devices):
-      with tf.compat.v1.device(_variables_on_cpu(device)), \
+      with tf.compat.v1.device(_place(device, variables_device)), \
           tf.name_scope('%s_%d' % (cifar10.TOWER_NAME, i)) as scope:
         with tf.device('/cpu:0'):
           images, labels = next_batch()
@@ -211,12 +222,12 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
         tower_grads.append(opt.compute_gradients(loss))
         tower_losses.append(loss)
 
-  with tf.device('/cpu:0'):
+  with tf.compat.v1.device(on_cpu):
     variables = tf.compat.v1.trainable_variables()
     ema = tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY,
                                                       num_updates=global_step)
     if async_towers:
-      updates = [tg for tg in tower_grads]
+      updates = tower_grads
     else:
       updates = [average_gradients(tower_grads)]
     train_ops = []
@@ -235,7 +246,7 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
     summary_op = _summaries(watched, tower_losses, updates[0], lr)
   return dict(train_ops=train_ops, tower_losses=tower_losses, loss=loss,
               global_step=global_step, lr=lr, examples_per_update=examples_per_update,
-              decay_steps=decay_steps, summary_op=summary_op, ema=ema)
+              decay_steps=decay_steps, summary_op=summary_op, ema=ema, optimizer=opt)
 
 
 def _summaries(towers, tower_losses, grads, lr):
