@@ -52,6 +52,7 @@ flags.DEFINE_string('data_url', cifar10_input.DATA_URL, 'Where to download the a
 flags.DEFINE_string('data_md5', cifar10_input.DATA_MD5, 'md5 of the archive at --data_url.')
 flags.DEFINE_integer('log_frequency', LOG_FREQUENCY, 'Steps between loss lines.')
 flags.DEFINE_integer('summary_steps', SUMMARY_STEPS, 'Steps between summaries; 0: none.')
+flags.DEFINE_integer('save_every_n_steps', SAVE_EVERY_N_STEPS, 'Steps between checkpoints.')
 flags.DEFINE_boolean('fresh', False, 'Start from step 0: move the checkpoints and event '
                      'files already in --train_dir into a dated subdirectory first.')
 flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
@@ -332,7 +333,8 @@ def set_aside(train_dir):
 
 
 def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
-          summary_steps=SUMMARY_STEPS, async_towers=False, synthetic=False,
+          summary_steps=SUMMARY_STEPS, save_every_n_steps=SAVE_EVERY_N_STEPS,
+          async_towers=False, synthetic=False,
           data_url=None, data_md5=None, fresh=False, config_options=None):
   """Trains until global step max_steps, resuming from train_dir's latest checkpoint."""
   if fresh:
@@ -430,7 +432,7 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
             writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
                 tag='examples_per_sec', simple_value=examples_per_sec)]), step)
 
-          if step // SAVE_EVERY_N_STEPS != last_saved // SAVE_EVERY_N_STEPS or \
+          if step // save_every_n_steps != last_saved // save_every_n_steps or \
               step >= max_steps:
             if not sess.run(all_finite):
               raise TrainingError(
@@ -461,7 +463,7 @@ def _run_tower(sess, train_op, global_step, max_steps, stop, failures):
 
 def main(argv):
   del argv  # absl has already refused unknown flags
-  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency'):
+  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency', 'save_every_n_steps'):
     if getattr(FLAGS, name) < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
   if FLAGS.summary_steps < 0:
@@ -470,11 +472,13 @@ def main(argv):
     sys.exit('error: --gpu_memory_fraction must be between 0 and 1, got %g'
              % FLAGS.gpu_memory_fraction)
   tf.compat.v1.disable_eager_execution()
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
   os.makedirs(FLAGS.train_dir, exist_ok=True)
   try:
     train(FLAGS.train_dir, FLAGS.data_dir, FLAGS.num_gpus, FLAGS.batch_size,
           FLAGS.max_steps, log_frequency=FLAGS.log_frequency,
-          summary_steps=FLAGS.summary_steps, async_towers=FLAGS.async_towers,
+          summary_steps=FLAGS.summary_steps, save_every_n_steps=FLAGS.save_every_n_steps,
+          async_towers=FLAGS.async_towers,
           synthetic=FLAGS.synthetic, data_url=FLAGS.data_url, data_md5=FLAGS.data_md5,
           fresh=FLAGS.fresh,
           config_options=dict(log_device_placement=FLAGS.log_device_placement,
