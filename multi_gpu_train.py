@@ -392,27 +392,30 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
       checkpoint_path = os.path.join(train_dir, CHECKPOINT_PREFIX)
 
       # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
+      # Every applied update takes one from this budget, so async towers together
+      # stop exactly at max_steps.
+      take_update = _update_budget(max_steps - start_step)
       stop, failures, threads = threading.Event(), [], []
-      for op in train_ops[1:]:
+      updates_by_tower = [0] * len(train_ops)
+      for i, op in enumerate(train_ops[1:], 1):
         threads.append(threading.Thread(target=_run_tower, daemon=True,
-                                        args=(sess, op, global_step, max_steps, stop,
-                                              failures)))
+                                        args=(sess, op, take_update, stop, failures,
+                                              updates_by_tower, i)))
         threads[-1].start()
 
       step = last_saved = start_step
       try:
-        while step < max_steps:
-          fetches = [train_ops[0], loss]
+        while take_update():
           summarize = summary_steps and step % summary_steps == 0
-          if summarize:
-            fetches.append(graph['summary_op'])
+          fetches = [train_ops[0], loss] + ([graph['summary_op']] if summarize else [])
           start_time = time.time()
           results = sess.run(fetches)
           duration = time.time() - start_time
-          loss_value = results[1]
+          updates_by_tower[0] += 1
           previous, step = step, (sess.run(global_step) if async_towers else step + 1)
 
-          if np.isnan(loss_value) or np.isinf(loss_value):
+          loss_value = results[1]
+          if not np.isfinite(loss_value):
             raise TrainingError(
                 'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
                 '(cifar10/model.py) or --batch_size; the last checkpoint, step %d, is '
@@ -420,10 +423,9 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
           if failures:
             raise failures[0]
 
-          updates = max(step - previous, 1)
-          examples_per_sec = updates * examples_per_update / duration
-          if previous // log_frequency != step // log_frequency or step == start_step + 1:
-            sec_per_batch = duration / (updates if async_towers else num_gpus)
+          examples_per_sec = (step - previous) * examples_per_update / duration
+          if step // log_frequency != previous // log_frequency or previous == start_step:
+            sec_per_batch = duration / ((step - previous) if async_towers else num_gpus)
             print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
                 datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
             sys.stdout.flush()
@@ -432,31 +434,49 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
             writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
                 tag='examples_per_sec', simple_value=examples_per_sec)]), step)
 
-          if step // save_every_n_steps != last_saved // save_every_n_steps or \
-              step >= max_steps:
-            if not sess.run(all_finite):
-              raise TrainingError(
-                  'a variable became NaN or infinite by step %d: the model diverged. Lower '
-                  'INITIAL_LEARNING_RATE; the last checkpoint, step %d, is untouched.'
-                  % (step, last_saved))
-            path = saver.save(sess, checkpoint_path, global_step=step)
-            print('Saved checkpoint %s' % path)
-            last_saved = step
+          if step // save_every_n_steps != last_saved // save_every_n_steps:
+            last_saved = _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
       finally:
         stop.set()
         for thread in threads:
           thread.join()
         if writer:
           writer.close()
+      step = sess.run(global_step)  # async: the other towers may have landed a few more
+      if step != last_saved:
+        _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
+      if async_towers:
+        print('updates applied per tower: %s; global step %d' % (', '.join(
+            'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
 
 
-def _run_tower(sess, train_op, global_step, max_steps, stop, failures):
-  """Async mode: one tower applying its own updates until global step max_steps."""
+def _save(sess, saver, all_finite, checkpoint_path, step, last_saved):
+  """Writes model.ckpt-<step> unless a variable is NaN; returns step."""
+  if not sess.run(all_finite):
+    raise TrainingError(
+        'a variable became NaN or infinite by step %d: the model diverged. Lower '
+        'INITIAL_LEARNING_RATE (cifar10/model.py); the last checkpoint, step %d, is '
+        'untouched.' % (step, last_saved))
+  print('Saved checkpoint %s' % saver.save(sess, checkpoint_path, global_step=step))
+  return step
+
+
+def _update_budget(updates):
+  """A thread-safe countdown: the returned function is True `updates` times."""
+  lock, left = threading.Lock(), [updates]
+  def take():
+    with lock:
+      left[0] -= 1
+      return left[0] >= 0
+  return take
+
+
+def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
+  """Async mode: tower i applies its own updates while the budget lasts."""
   try:
-    while not stop.is_set():
-      _, step = sess.run([train_op, global_step])
-      if step >= max_steps:
-        return
+    while not stop.is_set() and take_update():
+      sess.run(train_op)
+      counts[i] += 1
   except Exception as e:  # surfaced by the main loop
     failures.append(e)
 

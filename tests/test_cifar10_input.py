@@ -1,0 +1,189 @@
+"""cifar10_input: the record reader, the file checks, the pipelines and the download."""
+import contextlib
+import functools
+import http.server
+import os
+import tarfile
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10_data
+import cifar10_input
+
+
+def _run(tensors):
+  with tf.compat.v1.Session() as sess:
+    return sess.run(tensors)
+
+
+def test_read_record_decodes_label_and_pixels(tmp_path):
+  # Two hand-written records: label, then the R plane, G plane, B plane (32x32 each).
+  r = np.arange(1024, dtype=np.uint32).reshape(32, 32) % 251
+  first = bytes([7]) + bytes((r % 256).astype(np.uint8)) + bytes([1] * 1024) + bytes([2] * 1024)
+  second = bytes([3]) + bytes(range(256)) * 12
+  path = tmp_path / 'two.bin'
+  path.write_bytes(first + second)
+  with tf.Graph().as_default():
+    dataset = tf.data.FixedLengthRecordDataset([str(path)], cifar10_input.RECORD_BYTES)
+    it = tf.compat.v1.data.make_one_shot_iterator(dataset.map(cifar10_input.decode_record))
+    item = it.get_next()
+    with tf.compat.v1.Session() as sess:
+      (image1, label1), (image2, label2) = sess.run(item), sess.run(item)
+  assert label1 == 7 and label2 == 3
+  assert image1.shape == (32, 32, 3) and image1.dtype == np.uint8
+  np.testing.assert_array_equal(image1[:, :, 0], r % 256)  # HWC: channel last
+  assert (image1[:, :, 1] == 1).all() and (image1[:, :, 2] == 2).all()
+  expected = np.frombuffer(second[1:], np.uint8).reshape(3, 32, 32).transpose(1, 2, 0)
+  np.testing.assert_array_equal(image2, expected)
+  assert image2[0, 1, 0] == 1 and image2[0, 0, 1] == 0 and image2[8, 0, 1] == 0
+
+
+def test_eval_dataset_generated_files_every_record_once_in_order(tmp_path):
+  contents = cifar10_data.write_dataset(str(tmp_path), records_per_file=30)
+  with tf.Graph().as_default():
+    dataset, n = cifar10_input.eval_dataset('train_eval', str(tmp_path), batch_size=64)
+    it = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    labels, sizes = [], []
+    with tf.compat.v1.Session() as sess:
+      try:
+        while True:
+          images, batch_labels = sess.run(it)
+          sizes.append(len(batch_labels))
+          labels.extend(batch_labels)
+      except tf.errors.OutOfRangeError:
+        pass
+  assert n == 150 and sizes == [64, 64, 22]
+  expected = np.concatenate([contents[f][0] for f in cifar10_input.TRAIN_FILES])
+  np.testing.assert_array_equal(labels, expected)
+  assert images.shape[1:] == (24, 24, 3)
+
+
+def test_distorted_dataset_batches_have_static_shapes_and_standardised_pixels(tmp_path):
+  cifar10_data.write_dataset(str(tmp_path), records_per_file=20)
+  with tf.Graph().as_default():
+    images, labels = cifar10_input.distorted_inputs(str(tmp_path), batch_size=16)
+    assert images.shape.as_list() == [16, 24, 24, 3]
+    assert labels.shape.as_list() == [16]
+    image_values, label_values = _run([images, labels])
+  per_image_mean = image_values.reshape(16, -1).mean(axis=1)
+  per_image_std = image_values.reshape(16, -1).std(axis=1)
+  np.testing.assert_allclose(per_image_mean, 0, atol=1e-4)
+  assert (per_image_std > 0.9).all() and (per_image_std < 1.01).all()
+  assert set(label_values) <= set(range(10))
+
+
+@pytest.mark.parametrize('size, what', [(3073 * 4 - 1, 'has 12291 bytes'), (0, 'has 0 bytes')])
+def test_check_data_files_bad_size_names_file_size_and_fix(tmp_path, size, what):
+  path = tmp_path / 'data_batch_1.bin'
+  path.write_bytes(b'\0' * size)
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.check_data_files([str(path)])
+  assert str(path) in str(e.value) and what in str(e.value)
+  assert 'multiple of 3073' in str(e.value) and 'remove' in str(e.value)
+
+
+def test_check_data_files_missing_file_names_it(tmp_path):
+  with pytest.raises(cifar10_input.DataError, match='data_batch_9.bin is missing'):
+    cifar10_input.check_data_files([str(tmp_path / 'data_batch_9.bin')])
+
+
+# ---- The download, against a server on 127.0.0.1 ---------------------------------
+
+@contextlib.contextmanager
+def _serve(directory):
+  """An HTTP server on 127.0.0.1 serving `directory`; yields its base URL."""
+  handler = functools.partial(_QuietHandler, directory=str(directory))
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield 'http://127.0.0.1:%d/' % server.server_address[1]
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+def _tree(root):
+  return sorted(os.path.relpath(os.path.join(d, f), root)
+                for d, _, files in os.walk(root) for f in files)
+
+
+def test_download_served_archive_is_fetched_verified_and_extracted(tmp_path, capsys):
+  served = tmp_path / 'served'
+  served.mkdir()
+  members = cifar10_data.dataset_members(records_per_file=20)
+  md5 = cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'), members)
+  data_dir = tmp_path / 'data'
+  with _serve(served) as url:
+    dest = cifar10_input.maybe_download_and_extract(
+        str(data_dir), url + 'cifar-10-binary.tar.gz', md5)
+    assert '>> Downloading cifar-10-binary.tar.gz 100.0%' in capsys.readouterr().out
+    for name, data in members:
+      assert (data_dir / name).read_bytes() == data
+    # A second call finds the files complete and downloads nothing.
+    os.remove(data_dir / 'cifar-10-binary.tar.gz')
+    assert cifar10_input.maybe_download_and_extract(str(data_dir), url + 'nothing-here',
+                                                    md5) == dest
+  assert _tree(data_dir) == sorted(name for name, _ in members)
+
+
+def test_download_checksum_mismatch_refused_and_no_partial_file(tmp_path):
+  served = tmp_path / 'served'
+  served.mkdir()
+  cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'),
+                            cifar10_data.dataset_members(records_per_file=5))
+  data_dir = tmp_path / 'data'
+  with _serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
+                                             '0' * 32)
+  assert 'expected ' + '0' * 32 in str(e.value) and '--data_md5' in str(e.value)
+  assert _tree(data_dir) == []  # no archive, no .part file, no extracted files
+
+
+def _link(name, target, kind=tarfile.SYMTYPE):
+  info = tarfile.TarInfo(name)
+  info.type = kind
+  info.linkname = target
+  return info
+
+
+@pytest.mark.parametrize('evil_name, evil_data', [
+    ('cifar-10-batches-bin/../../escaped.bin', b'x' * 3073),
+    ('/tmp/cifar10-test-absolute-escape.bin', b'x' * 3073),
+    ('cifar-10-batches-bin/test_batch.bin', _link('cifar-10-batches-bin/test_batch.bin',
+                                                  '/etc/passwd')),
+    ('cifar-10-batches-bin/test_batch.bin', _link('cifar-10-batches-bin/test_batch.bin',
+                                                  '../../outside', tarfile.LNKTYPE)),
+    ('cifar-10-batches-bin/extra.py', b'print(1)'),
+], ids=['dotdot', 'absolute', 'symlink', 'hardlink', 'unexpected'])
+def test_download_malicious_tarball_refused_nothing_written(tmp_path, evil_name, evil_data):
+  served = tmp_path / 'served'
+  served.mkdir()
+  members = [m for m in cifar10_data.dataset_members(records_per_file=5)
+             if m[0] != evil_name]
+  md5 = cifar10_data.make_tarball(str(served / 'evil.tar.gz'),
+                                  members + [(evil_name, evil_data)])
+  data_dir = tmp_path / 'box' / 'data'
+  with _serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(str(data_dir), url + 'evil.tar.gz', md5)
+  assert 'refusing' in str(e.value) and repr(evil_name)[1:-1] in str(e.value)
+  assert _tree(data_dir) == ['evil.tar.gz']  # the verified archive only; nothing extracted
+  assert _tree(tmp_path / 'box') == ['data/evil.tar.gz']
+  assert not os.path.exists('/tmp/cifar10-test-absolute-escape.bin')
+
+
+def test_existing_batches_dir_with_truncated_file_stops_and_keeps_it(tmp_path):
+  cifar10_data.write_dataset(str(tmp_path), records_per_file=4)
+  path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_3.bin'
+  path.write_bytes(path.read_bytes()[:-1])
+  with pytest.raises(cifar10_input.DataError, match='data_batch_3.bin has 12291 bytes'):
+    cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none', 'x')
+  assert path.stat().st_size == 12291  # left as it was, for the user to look at
