@@ -134,11 +134,12 @@ def tower_devices(num_gpus):
   if len(gpus) >= num_gpus:
     return (['/gpu:%d' % i for i in range(num_gpus)], 1,
             'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
+  where = ('the tower runs on /cpu:0' if num_gpus == 1 else
+           'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
+           % (num_gpus, num_gpus - 1))
   return (['/cpu:%d' % i for i in range(num_gpus)], num_gpus,
-          'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: '
-          'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
-          % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus,
-             num_gpus, num_gpus - 1))
+          'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: %s'
+          % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus, where))
 
 
 def _place(device, variables_device):
@@ -309,7 +310,7 @@ def checkpoint_to_resume(train_dir):
     for name in reader.get_variable_to_shape_map():
       reader.get_tensor(name)  # reads every byte: a truncated file fails here
     step = int(reader.get_tensor('global_step'))
-  except (tf.errors.OpError, ValueError) as e:
+  except Exception as e:  # OpError, IndexError ('Read less bytes'), ...: all unreadable
     raise TrainingError(
         'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
         'older model.ckpt-<step> in that directory, or pass --fresh to start from '
