@@ -252,27 +252,36 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
 
 
 def _summaries(towers, tower_losses, grads, lr):
-  """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay."""
+  """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay.
+
+  The raw summary ops take the tag as given; tf.summary.* would derive it from
+  the graph's name scopes and uniquify it ('total_loss_1').
+  """
   graph = tf.compat.v1.get_default_graph()
+  scalars, histograms = {}, {}
   total, cross_entropy = [], []
   for i in towers:
     prefix = '%s_%d/' % (cifar10.TOWER_NAME, i)
     total.append(tower_losses[i])
     cross_entropy.append(graph.get_tensor_by_name(prefix + 'cross_entropy:0'))
-    tf.compat.v1.summary.scalar(prefix + 'total_loss', total[-1])
-    tf.compat.v1.summary.scalar(prefix + 'cross_entropy', cross_entropy[-1])
-  tf.compat.v1.summary.scalar('total_loss', tf.reduce_mean(total))
-  tf.compat.v1.summary.scalar('cross_entropy', tf.reduce_mean(cross_entropy))
-  tf.compat.v1.summary.scalar('learning_rate', lr)
+    scalars[prefix + 'total_loss'] = total[-1]
+    scalars[prefix + 'cross_entropy'] = cross_entropy[-1]
+  scalars['total_loss'] = tf.reduce_mean(total)
+  scalars['cross_entropy'] = tf.reduce_mean(cross_entropy)
+  scalars['learning_rate'] = lr
   first = '%s_%d/' % (cifar10.TOWER_NAME, towers[0])
   for x in tf.compat.v1.get_collection(cifar10.ACTIVATIONS, first):
-    name = x.op.name[len(first):]
-    tf.compat.v1.summary.histogram(name + '/activations', x)
-    tf.compat.v1.summary.scalar(name + '/sparsity', tf.nn.zero_fraction(x))
+    layer = x.op.name[len(first):].split('/')[0]  # tower_0/conv1/conv1 -> conv1
+    histograms[layer + '/activations'] = x
+    scalars[layer + '/sparsity'] = tf.nn.zero_fraction(x)
   for grad, var in grads:
-    tf.compat.v1.summary.histogram(var.op.name, var)
-    tf.compat.v1.summary.histogram(var.op.name + '/gradients', grad)
-  return tf.compat.v1.summary.merge_all()
+    histograms[var.op.name] = var
+    histograms[var.op.name + '/gradients'] = grad
+  with tf.name_scope('summaries'):
+    return tf.compat.v1.summary.merge(
+        [tf.raw_ops.ScalarSummary(tags=tag, values=value) for tag, value in scalars.items()] +
+        [tf.raw_ops.HistogramSummary(tag=tag, values=value)
+         for tag, value in histograms.items()])
 
 
 def checkpoint_to_resume(train_dir):

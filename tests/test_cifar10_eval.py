@@ -1,0 +1,119 @@
+"""cifar10_eval.py and the trainer's summaries: evidence that training learns."""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import cifar10_data
+import multi_gpu_train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRECISION = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: precision @ 1 = (\d\.\d{3}) '
+                       r'\(global step (\d+), (\d+) test records, (moving averages|raw '
+                       r'weights), cross-entropy (\d+\.\d+)\)$', re.M)
+
+
+def _eval(*args, timeout=120):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'cifar10_eval.py')] + list(args),
+                        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+  return done.returncode, done.stdout, done.stderr
+
+
+def _files(directory):
+  return {p: (os.path.getsize(p), os.path.getmtime(p))
+          for p in glob.glob(os.path.join(directory, '*'))}
+
+
+def _tags(directory):
+  tags = set()
+  for path in glob.glob(os.path.join(directory, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(value.tag for value in event.summary.value)
+  return tags
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """2 towers on 2 virtual CPUs, trained on learnable generated data."""
+  data_dir = str(tmp_path_factory.mktemp('data'))
+  train_dir = str(tmp_path_factory.mktemp('train'))
+  cifar10_data.write_dataset(data_dir, records_per_file=100)
+  multi_gpu_train.train(train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400,
+                        log_frequency=50, summary_steps=50, save_every_n_steps=1000)
+  return data_dir, train_dir
+
+
+@pytest.mark.slow
+def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, tmp_path):
+  data_dir, train_dir = trained
+  before = _files(train_dir)
+  common = ['--run_once', '--data_dir=' + data_dir, '--checkpoint_dir=' + train_dir,
+            '--eval_dir=%s' % tmp_path]
+  code, out, err = _eval(*common)
+  assert code == 0, err
+  precision, step, count, which, averaged_loss = PRECISION.search(out).groups()
+  assert float(precision) >= 0.9 and step == "400" and count == "100", out  # chance: 0.1
+  assert which == 'moving averages'
+
+  code, out, err = _eval(*common, '--use_moving_averages=false')
+  assert code == 0, err
+  _, step, _, which, raw_loss = PRECISION.search(out).groups()
+  assert which == "raw weights" and step == "400"
+  assert raw_loss != averaged_loss  # the shadow values really were restored
+  assert _files(train_dir) == before  # nothing of the trainer's was touched
+  assert {'Precision @ 1', 'cross_entropy'} <= _tags(str(tmp_path))
+
+
+def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
+  tags = _tags(trained[1])
+  expected = {'total_loss', 'cross_entropy', 'learning_rate', 'examples_per_sec',
+              'tower_0/total_loss', 'tower_1/total_loss', 'tower_0/cross_entropy',
+              'tower_1/cross_entropy', 'conv1/activations', 'conv1/sparsity',
+              'local3/activations', 'softmax_linear/sparsity', 'conv1/weights',
+              'conv1/weights/gradients', 'local4/biases/gradients'}
+  assert expected <= tags, expected - tags
+  assert not [t for t in tags if t.startswith('tower_') and 'loss' not in t
+              and 'cross_entropy' not in t]
+
+
+def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained):
+  reader = tf.train.load_checkpoint(trained[1])
+  weights = reader.get_tensor('local4/weights')
+  shadow = reader.get_tensor('local4/weights/ExponentialMovingAverage')
+  assert weights.shape == shadow.shape and abs(weights - shadow).max() > 1e-4
+
+
+def test_eval_run_once_without_checkpoint_exits_with_message(tmp_path):
+  cifar10_data.write_dataset(str(tmp_path), records_per_file=5)
+  code, out, err = _eval('--run_once', '--data_dir=%s' % tmp_path,
+                         '--checkpoint_dir=%s' % (tmp_path / 'none'),
+                         '--eval_dir=%s' % (tmp_path / 'eval'))
+  assert code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in err, err
+
+
+def test_eval_without_run_once_waits_for_a_checkpoint_saying_so(tmp_path):
+  cifar10_data.write_dataset(str(tmp_path), records_per_file=5)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
+                           '--data_dir=%s' % tmp_path, '--checkpoint_dir=%s' % tmp_path,
+                           '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'],
+                          stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+  try:
+    line = proc.stdout.readline()
+    assert line.startswith('No checkpoint in %s yet; checking every 1 s.' % tmp_path), line
+    assert proc.poll() is None  # still waiting
+  finally:
+    proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout.close()
+
+
+def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path):
+  code, _, err = _eval('--run_once', '--checkpoint_dir=%s' % tmp_path,
+                       '--eval_dir=%s' % tmp_path)
+  assert code == 1 and 'give this program a directory of its own' in err
