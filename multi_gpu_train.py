@@ -191,7 +191,8 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
       (dist_train.py wraps it in SyncReplicasOptimizer).
 
   Returns:
-    dict with train_ops (one op, or one per tower when async), tower_losses
+    dict with train_ops (one op, or one per tower when async), apply_ops (the
+    same updates without the moving averages, for the benchmark), tower_losses
     (float32 scalars), loss (their mean), global_step, lr, examples_per_update,
     decay_steps, summary_op (None without summaries), ema and optimizer.
   """
@@ -232,13 +233,13 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
       updates = tower_grads
     else:
       updates = [average_gradients(tower_grads)]
-    train_ops = []
+    train_ops, apply_ops = [], []
     for grads in updates:
-      apply_op = opt.apply_gradients(grads, global_step=global_step)
+      apply_ops.append(opt.apply_gradients(grads, global_step=global_step))
       # The averages read the variables only after this update has landed.
-      with tf.control_dependencies([apply_op]):
+      with tf.control_dependencies([apply_ops[-1]]):
         ema_op = ema.apply(variables)
-      train_ops.append(tf.group(apply_op, ema_op))
+      train_ops.append(tf.group(apply_ops[-1], ema_op))
     loss = tf.reduce_mean(tf.stack(tower_losses), name='total_loss')
 
   summary_op = None
@@ -246,7 +247,8 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
     # Async: only tower 0's tensors, the ones its own train op computes.
     watched = range(num_towers) if not async_towers else [0]
     summary_op = _summaries(watched, tower_losses, updates[0], lr)
-  return dict(train_ops=train_ops, tower_losses=tower_losses, loss=loss,
+  return dict(train_ops=train_ops, apply_ops=apply_ops, tower_losses=tower_losses,
+              loss=loss,
               global_step=global_step, lr=lr, examples_per_update=examples_per_update,
               decay_steps=decay_steps, summary_op=summary_op, ema=ema, optimizer=opt)
 

@@ -1,0 +1,102 @@
+"""The CIFAR-10 tutorial model in Keras, trained with tf.distribute.MirroredStrategy.
+
+The benchmark's peer: the same layers, initialisers, weight decay and learning rate
+as cifar10/model.py, written the way TensorFlow 2 recommends, so that the trainer's
+examples/sec can be read against it. benchmark.py runs it; nothing here times.
+
+Differences from the trainer, all cheap per step: a constant learning rate (the
+trainer's decays once per 350 epochs, so it is constant here too) and no moving
+averages of the weights (the trainer keeps them for evaluation; `benchmark.py
+--extras` measures what they cost).
+"""
+import tensorflow as tf
+import keras
+
+# ---- The tutorial's hyper-parameters (cifar10/model.py) -----------------------
+IMAGE_SIZE = 24                   # pixels; images arrive cropped to 24x24x3
+NUM_CLASSES = 10
+LEARNING_RATE = 0.1               # plain SGD, as INITIAL_LEARNING_RATE
+WEIGHT_DECAY = 0.004              # on local3 and local4: adds WEIGHT_DECAY * sum(w^2) / 2
+LRN = dict(depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)  # both LRN layers
+
+
+class LocalResponseNorm(keras.layers.Layer):
+  """tf.nn.local_response_normalization across channels, as the tutorial's norm1/norm2."""
+
+  def call(self, inputs):
+    return tf.nn.local_response_normalization(inputs, **LRN)
+
+  def compute_output_shape(self, input_shape):
+    return input_shape
+
+
+def build_model():
+  """The tutorial's network up to the logits; build it inside strategy.scope().
+
+  Returns:
+    keras.Model mapping float32 [batch, 24, 24, 3] to float32 logits [batch, 10].
+  """
+  layers, init = keras.layers, keras.initializers
+  # keras' L2(l) adds l * sum(w^2); the tutorial's wd * tf.nn.l2_loss(w) adds
+  # wd * sum(w^2) / 2, hence the half.
+  decay = keras.regularizers.L2(WEIGHT_DECAY / 2)
+  images = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3), name='images')
+  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv1',
+                    kernel_initializer=init.TruncatedNormal(stddev=5e-2),
+                    bias_initializer=init.Constant(0.0))(images)
+  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool1')(x)
+  x = LocalResponseNorm(name='norm1')(x)
+  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv2',
+                    kernel_initializer=init.TruncatedNormal(stddev=5e-2),
+                    bias_initializer=init.Constant(0.1))(x)
+  x = LocalResponseNorm(name='norm2')(x)
+  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool2')(x)
+  x = layers.Flatten(name='flatten')(x)  # 6 x 6 x 64 = 2304 features
+  x = layers.Dense(384, activation='relu', name='local3', kernel_regularizer=decay,
+                   kernel_initializer=init.TruncatedNormal(stddev=0.04),
+                   bias_initializer=init.Constant(0.1))(x)
+  x = layers.Dense(192, activation='relu', name='local4', kernel_regularizer=decay,
+                   kernel_initializer=init.TruncatedNormal(stddev=0.04),
+                   bias_initializer=init.Constant(0.1))(x)
+  logits = layers.Dense(NUM_CLASSES, name='softmax_linear',
+                        kernel_initializer=init.TruncatedNormal(stddev=1 / 192.0),
+                        bias_initializer=init.Constant(0.0))(x)
+  return keras.Model(images, logits, name='cifar10')
+
+
+def make_train_step(strategy, model, optimizer, global_batch_size):
+  """One synchronous SGD step over all replicas, compiled with tf.function.
+
+  Each replica takes its own batch from the iterator (as each tower dequeues its
+  own), computes its loss scaled so that the all-reduced SUM of the replicas'
+  gradients is the gradient of the mean loss over the global batch: the same
+  update as the trainer's average of tower gradients.
+
+  Args:
+    strategy: the tf.distribute.MirroredStrategy the model was built under.
+    model, optimizer: from build_model() and keras.optimizers.SGD, both created
+      inside strategy.scope().
+    global_batch_size: int, images per step over all replicas.
+
+  Returns:
+    train_step(iterator) -> float32 scalar, the mean total loss over the global
+    batch (cross-entropy plus weight decay).
+  """
+  def replica_step(images, labels):
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      cross_entropy = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=tf.cast(labels, tf.int64), logits=logits)
+      loss = tf.nn.compute_average_loss(cross_entropy, global_batch_size=global_batch_size)
+      loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (SUM)
+    return loss
+
+  @tf.function
+  def train_step(iterator):
+    images, labels = next(iterator)
+    losses = strategy.run(replica_step, args=(images, labels))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+  return train_step
