@@ -244,3 +244,16 @@ def test_cli_killed_mid_run_resumes_from_last_complete_checkpoint(data_dir, tmp_
     assert 'Resuming from %s/model.ckpt-%d at step %d' % (tmp_path, saved_step,
                                                           saved_step) in out
     assert _steps(out) == [saved_step + 1, saved_step + 2]
+
+
+def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_path):
+  code, out, err = _cli('--num_gpus=2', '--synthetic', '--batch_size=8', '--max_steps=1',
+                        '--log_device_placement', '--train_dir=%s' % tmp_path)
+  assert code == 0, err
+  placed = dict(re.findall(r'^(\S+): \(\w+\): (\S+)$', out, re.M))
+  assert placed['tower_0/conv1/Conv2D'].endswith('/device:CPU:0')
+  assert placed['tower_1/conv1/Conv2D'].endswith('/device:CPU:1')
+  assert placed['tower_1/local3/MatMul'].endswith('/device:CPU:1')
+  for var in ('conv1/weights', 'local3/weights', 'global_step'):
+    assert placed[var].endswith('/device:CPU:0'), var
+  assert 'input: synthetic' in out and _steps(out) == [1]
