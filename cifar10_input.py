@@ -219,52 +219,79 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
   return dest
 
 
-def decode_record(value):
-  """Turns one 3073-byte record into an image and a label.
+def decode_records(records):
+  """Turns a batch of 3073-byte records into images and labels.
 
   Args:
-    value: string scalar tensor of RECORD_BYTES bytes.
+    records: string tensor [batch] of RECORD_BYTES bytes each.
 
   Returns:
-    image: uint8 [32, 32, 3], height x width x channel (RGB).
-    label: int32 scalar, 0..9.
+    images: uint8 [batch, 32, 32, 3], height x width x channel (RGB).
+    labels: int32 [batch], 0..9.
   """
-  record = tf.io.decode_raw(value, tf.uint8)
-  label = tf.cast(record[0], tf.int32)
-  depth_major = tf.reshape(record[LABEL_BYTES:RECORD_BYTES], [DEPTH, HEIGHT, WIDTH])
-  image = tf.transpose(depth_major, [1, 2, 0])
-  return image, label
+  raw = tf.io.decode_raw(records, tf.uint8)  # [batch, 3073]
+  labels = tf.cast(raw[:, 0], tf.int32)
+  depth_major = tf.reshape(raw[:, LABEL_BYTES:], [-1, DEPTH, HEIGHT, WIDTH])
+  return tf.transpose(depth_major, [0, 2, 3, 1]), labels
 
 
-def _distort(value):
-  """Record -> augmented float32 [24, 24, 3] image and int32 label."""
-  image, label = decode_record(value)
-  image = tf.cast(image, tf.float32)
-  image = tf.image.random_crop(image, [CROP_SIZE, CROP_SIZE, DEPTH])
-  image = tf.image.random_flip_left_right(image)
-  # Brightness and contrast do not commute; the tutorial applies them in this order.
-  image = tf.image.random_brightness(image, max_delta=63)
-  image = tf.image.random_contrast(image, lower=0.2, upper=1.8)
-  image = tf.image.per_image_standardization(image)
-  image.set_shape([CROP_SIZE, CROP_SIZE, DEPTH])
-  return image, label
+def decode_record(value):
+  """One record: uint8 image [32, 32, 3] and int32 label (see decode_records)."""
+  images, labels = decode_records(tf.expand_dims(value, 0))
+  return images[0], labels[0]
 
 
-def _center(value):
-  """Record -> central 24x24 crop, standardised, and the label."""
-  image, label = decode_record(value)
-  image = tf.image.resize_with_crop_or_pad(tf.cast(image, tf.float32), CROP_SIZE, CROP_SIZE)
-  image = tf.image.per_image_standardization(image)
-  image.set_shape([CROP_SIZE, CROP_SIZE, DEPTH])
-  return image, label
+def _distort_batch(records):
+  """The tutorial's distortions, each image drawing its own random values.
+
+  Done on whole batches rather than image by image: the same distributions at
+  about twice the images/sec, which leaves more of the cores to the towers.
+
+  Args:
+    records: string [batch] (static batch size).
+
+  Returns:
+    images: float32 [batch, 24, 24, 3], standardised per image.
+    labels: int32 [batch].
+  """
+  batch = records.shape[0]
+  images, labels = decode_records(records)
+  images = tf.cast(images, tf.float32)
+  # Random 24x24 crop: corner (y, x) uniform in 0..8; 'nearest' at integer
+  # coordinates copies pixels exactly.
+  corners = tf.cast(tf.random.uniform([batch, 2], 0, HEIGHT - CROP_SIZE + 1, tf.int32),
+                    tf.float32)
+  boxes = tf.concat([corners, corners + CROP_SIZE - 1], axis=1) / (HEIGHT - 1)
+  images = tf.image.crop_and_resize(images, boxes, tf.range(batch), [CROP_SIZE, CROP_SIZE],
+                                    method='nearest')
+  flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
+  images = tf.where(flip, tf.reverse(images, axis=[2]), images)
+  # Brightness, then contrast about each channel's mean (tf.image.random_brightness
+  # with max_delta 63 and random_contrast 0.2-1.8, per image).
+  images += tf.random.uniform([batch, 1, 1, 1], -63.0, 63.0)
+  mean = tf.reduce_mean(images, axis=[1, 2], keepdims=True)
+  images = (images - mean) * tf.random.uniform([batch, 1, 1, 1], 0.2, 1.8) + mean
+  images = tf.image.per_image_standardization(images)
+  images.set_shape([batch, CROP_SIZE, CROP_SIZE, DEPTH])
+  return images, labels
+
+
+def _center_batch(records):
+  """Central 24x24 crops, standardised, and the labels, for any batch size."""
+  images, labels = decode_records(records)
+  offset = (HEIGHT - CROP_SIZE) // 2
+  images = tf.cast(images[:, offset:offset + CROP_SIZE, offset:offset + CROP_SIZE, :],
+                   tf.float32)
+  return tf.image.per_image_standardization(images), labels
 
 
 def distorted_dataset(data_dir, batch_size, distort=True):
   """Endless, shuffled training batches: ONE pipeline that all towers draw from.
 
-  Raw records are shuffled (cheap: 3 KB each), then decoded and distorted in
-  parallel (as many calls as tf.data finds useful on this machine), batched to a
-  static shape, and prefetched so the towers never wait on a half-built batch.
+  Raw records are shuffled (cheap: 3 KB each), batched, then decoded and
+  distorted a batch at a time, several batches in parallel (as many as tf.data
+  finds useful on this machine), and prefetched so the towers never wait on a
+  half-built batch.
 
   Args:
     data_dir: str, holds cifar-10-batches-bin/ (see maybe_download_and_extract).
@@ -278,9 +305,9 @@ def distorted_dataset(data_dir, batch_size, distort=True):
   check_data_files(paths)
   dataset = tf.data.FixedLengthRecordDataset(paths, RECORD_BYTES)
   dataset = dataset.shuffle(SHUFFLE_BUFFER).repeat()
-  dataset = dataset.map(_distort if distort else _center,
-                        num_parallel_calls=tf.data.AUTOTUNE)
   dataset = dataset.batch(batch_size, drop_remainder=True)
+  dataset = dataset.map(_distort_batch if distort else _center_batch,
+                        num_parallel_calls=tf.data.AUTOTUNE)
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -313,9 +340,9 @@ def eval_dataset(eval_data, data_dir, batch_size):
   files = TEST_FILES if eval_data == 'test' else TRAIN_FILES
   paths = [os.path.join(batches_dir(data_dir), f) for f in files]
   num_records = check_data_files(paths)
-  dataset = tf.data.FixedLengthRecordDataset(paths, RECORD_BYTES)
-  dataset = dataset.map(_center, num_parallel_calls=tf.data.AUTOTUNE)
-  return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE), num_records
+  dataset = tf.data.FixedLengthRecordDataset(paths, RECORD_BYTES).batch(batch_size)
+  dataset = dataset.map(_center_batch, num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.prefetch(tf.data.AUTOTUNE), num_records
 
 
 def inputs(eval_data, data_dir, batch_size):

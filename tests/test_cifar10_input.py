@@ -187,3 +187,33 @@ def test_existing_batches_dir_with_truncated_file_stops_and_keeps_it(tmp_path):
   with pytest.raises(cifar10_input.DataError, match='data_batch_3.bin has 12291 bytes'):
     cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none', 'x')
   assert path.stat().st_size == 12291  # left as it was, for the user to look at
+
+
+def test_distort_batch_each_image_is_a_flipped_or_plain_24x24_window_of_its_source(tmp_path):
+  # 64 copies of one random record: every output must be some window (9x9 corners)
+  # of it, maybe mirrored, up to a per-channel affine map with a shared positive
+  # scale (brightness, contrast, standardisation); the windows and flips vary.
+  rng = np.random.default_rng(3)
+  record = cifar10_data.make_records([5], rng, learnable=False)[0]
+  source = record[1:].reshape(3, 32, 32).transpose(1, 2, 0).astype(np.float64)
+  with tf.Graph().as_default():
+    images, labels = cifar10_input._distort_batch(tf.constant([record.tobytes()] * 64))
+    images, labels = _run([images, labels])
+  assert images.shape == (64, 24, 24, 3) and (labels == 5).all()
+  found = set()
+  for image in images:
+    matches = [(y, x, flip) for y in range(9) for x in range(9) for flip in (False, True)
+               if _affine_match(image, source[y:y + 24, x:x + 24][:, ::-1 if flip else 1])]
+    assert len(matches) == 1, matches
+    found.add(matches[0])
+  assert len(found) > 20 and {flip for _, _, flip in found} == {False, True}
+
+
+def _affine_match(image, window):
+  scales = []
+  for c in range(3):
+    a, b = np.polyfit(window[..., c].ravel(), image[..., c].ravel(), 1)
+    if np.abs(a * window[..., c] + b - image[..., c]).max() > 1e-3 or a <= 0:
+      return False
+    scales.append(a)
+  return np.ptp(scales) < 1e-4
