@@ -193,8 +193,8 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
   Returns:
     dict with train_ops (one op, or one per tower when async), apply_ops (the
     same updates without the moving averages, for the benchmark), tower_losses
-    (float32 scalars), loss (their mean), global_step, lr, examples_per_update,
-    decay_steps, summary_op (None without summaries), ema and optimizer.
+    (float32 scalars), loss (their mean; async: tower 0's), global_step, lr,
+    examples_per_update, decay_steps, summary_op (None without summaries), ema and optimizer.
   """
   num_towers = len(devices)
   examples_per_update = batch_size if async_towers else batch_size * num_towers
@@ -240,7 +240,10 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
       with tf.control_dependencies([apply_ops[-1]]):
         ema_op = ema.apply(variables)
       train_ops.append(tf.group(apply_ops[-1], ema_op))
-    loss = tf.reduce_mean(tf.stack(tower_losses), name='total_loss')
+    # Async: tower 0's loss, which its own train op computes; the mean would run
+    # every tower's forward pass in tower 0's step.
+    loss = tower_losses[0] if async_towers else tf.reduce_mean(tf.stack(tower_losses),
+                                                                name='total_loss')
 
   summary_op = None
   if summaries:

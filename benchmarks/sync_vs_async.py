@@ -1,0 +1,92 @@
+"""Synchronous versus asynchronous towers on this machine, side by side.
+
+    python benchmarks/sync_vs_async.py               # 2 towers, 3 rounds, ~3 minutes
+
+Runs the trainer itself (multi_gpu_train.py) with and without --async_towers,
+interleaved, on the same generated learnable data and the same number of images:
+sync takes EXAMPLES / (towers x batch) steps, async that many updates per tower.
+Prints the median examples/sec of each mode (from the trainer's own log lines,
+first line dropped) and the loss each reached, and writes them as JSON.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'tests'))
+
+import cifar10_data  # noqa: E402
+
+# ---- Comparison knobs: edit, save, rerun ----------------------------------------
+TOWERS = 2
+BATCH_SIZE = 128          # images per tower
+EXAMPLES = 64000          # images each run trains on: 250 sync steps of 2 x 128
+ROUNDS = 3                # sync, async, sync, async, ...
+RECORDS_PER_FILE = 2000   # generated learnable records per .bin file
+
+LINE = re.compile(r': step (\d+), loss = (\d+\.\d+) \((\d+\.\d) examples/sec')
+
+
+def run(mode, data_dir, args):
+  """One training run from step 0; returns its log lines' rates and last loss."""
+  updates_per_step = 1 if mode == 'async' else args.towers
+  max_steps = args.examples // (args.batch_size * updates_per_step)
+  if mode == 'async':
+    max_steps *= args.towers  # global_step counts every tower's update
+  with tempfile.TemporaryDirectory() as train_dir:
+    command = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'),
+               '--num_gpus=%d' % args.towers, '--batch_size=%d' % args.batch_size,
+               '--max_steps=%d' % max_steps, '--data_dir=' + data_dir,
+               '--train_dir=' + train_dir, '--summary_steps=0', '--log_frequency=10',
+               '--save_every_n_steps=%d' % (max_steps + 1)]
+    if mode == 'async':
+      command.append('--async_towers')
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  if done.returncode:
+    sys.exit('error: %s run failed:\n%s' % (mode, done.stderr[-3000:]))
+  lines = LINE.findall(done.stdout)
+  rates = [float(rate) for _, _, rate in lines[1:]]  # the first step builds kernels
+  return dict(examples_per_sec=statistics.median(rates), last_loss=float(lines[-1][1]),
+              last_step=int(lines[-1][0]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--towers', type=int, default=TOWERS)
+  parser.add_argument('--batch_size', type=int, default=BATCH_SIZE)
+  parser.add_argument('--examples', type=int, default=EXAMPLES)
+  parser.add_argument('--rounds', type=int, default=ROUNDS)
+  parser.add_argument('--json', default=os.path.join(ROOT, 'benchmarks', 'results',
+                                                     'sync_vs_async.json'))
+  args = parser.parse_args()
+  results = {'sync': [], 'async': []}
+  with tempfile.TemporaryDirectory() as data_dir:
+    cifar10_data.write_dataset(data_dir, RECORDS_PER_FILE)
+    for round_ in range(args.rounds):
+      for mode in ('sync', 'async'):
+        results[mode].append(run(mode, data_dir, args))
+        print('round %d %-5s %s' % (round_ + 1, mode, results[mode][-1]), flush=True)
+  print('\n%d towers x %d images, %d images per run, median of %d rounds'
+        % (args.towers, args.batch_size, args.examples, args.rounds))
+  summary = {}
+  for mode, runs in results.items():
+    summary[mode] = dict(
+        examples_per_sec=statistics.median(r['examples_per_sec'] for r in runs),
+        last_loss=statistics.median(r['last_loss'] for r in runs))
+    print('%-5s  %7.1f examples/sec   loss at the end %.2f' % (
+        mode, summary[mode]['examples_per_sec'], summary[mode]['last_loss']))
+  print('async / sync examples/sec: %.2f' % (summary['async']['examples_per_sec'] /
+                                             summary['sync']['examples_per_sec']))
+  os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  with open(args.json, 'w') as f:
+    json.dump(dict(args=vars(args), runs=results, summary=summary), f, indent=1)
+
+
+if __name__ == '__main__':
+  main()
