@@ -14,7 +14,7 @@ Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # keep TensorFlow's INFO chatter off the loss lines
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's INFO lines off the loss lines
 
 import datetime
 import glob
