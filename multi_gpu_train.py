@@ -146,11 +146,14 @@ def _place(device, variables_device):
   """Device function: variables on `variables_device`, every other op on `device`.
 
   variables_device '' leaves variables to an enclosing device function, such as
-  replica_device_setter putting them on parameter servers.
+  replica_device_setter putting them on parameter servers. A device set by an
+  inner scope wins (the input's /cpu:0, SyncReplicasOptimizer's queues).
   """
   def place(op):
     node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
-    return variables_device if node_def.op in ('VarHandleOp', 'VariableV2') else device
+    if node_def.op in ('VarHandleOp', 'VariableV2'):
+      return variables_device
+    return node_def.device or device
   return place
 
 

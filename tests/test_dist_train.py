@@ -1,0 +1,444 @@
+"""dist_train.py: real ps and worker processes on 127.0.0.1, each bounded in time.
+
+The cluster tests start TensorFlow servers on free loopback ports and read the
+tasks' logs as they come. Every process is killed when its test ends, pass or fail.
+"""
+import glob
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10_data
+import dist_train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIST_TRAIN = os.path.join(ROOT, 'dist_train.py')
+STEP_LINE = re.compile(
+    r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
+    r'\(\d+\.\d examples/sec; \d+\.\d{3} sec/batch\) \[worker (\d+), local step (\d+)\]$')
+DONE_LINE = re.compile(r'^worker (\d+) done: (\d+) local steps, global step (\d+)$')
+SAVED_LINE = re.compile(r'^Saved checkpoint .*model\.ckpt-(\d+)$')
+RESUMING_LINE = re.compile(r'^Resuming from .*model\.ckpt-(\d+) at step (\d+)$')
+TASK_PREFIX = re.compile(r'^\[(ps\d+|worker\d+)\] (.*)$')
+RUN_TIMEOUT_SECS = 150   # one whole cluster run; a healthy one takes 10-40 s
+WAIT_SECS = 60           # one awaited log line
+# Tiny and quick: 8 images a step, a loss line per step.
+QUICK_FLAGS = ['--batch_size=8', '--log_frequency=1', '--startup_timeout_secs=60',
+               '--step_timeout_secs=60']
+
+
+class Task:
+  """One process, its merged stdout and stderr read line by line as they come."""
+
+  def __init__(self, argv):
+    self.argv = argv
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+    # Its own process group, so that killing it takes a launcher's tasks along.
+    self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    start_new_session=True)
+    self.lines = []
+    self._changed = threading.Condition()
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    for line in self.process.stdout:
+      with self._changed:
+        self.lines.append(line.rstrip('\n'))
+        self._changed.notify_all()
+
+  def wait_for(self, condition, what, start=0, timeout=WAIT_SECS):
+    """Returns the first truthy condition(line) over lines[start:], as they come."""
+    deadline = time.time() + timeout
+    with self._changed:
+      while True:
+        for line in self.lines[start:]:
+          found = condition(line)
+          if found:
+            return found
+        start = len(self.lines)
+        if not self._reader.is_alive() or time.time() > deadline:
+          raise AssertionError('no %s within %d s from %s (exit code %s); its log ends:\n%s'
+                               % (what, timeout, ' '.join(self.argv[3:5]),
+                                  self.process.poll(), '\n'.join(self.lines[-30:])))
+        self._changed.wait(0.5)
+
+  def finish(self, timeout=RUN_TIMEOUT_SECS):
+    """Waits for the exit; returns the exit code and the whole log."""
+    try:
+      code = self.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise AssertionError('%s still running after %d s; its log ends:\n%s'
+                           % (' '.join(self.argv[3:5]), timeout, '\n'.join(self.lines[-30:])))
+    self._reader.join(10)
+    return code, '\n'.join(self.lines)
+
+  def send(self, signum):
+    """Sends signum to the process (SIGSTOP pauses it, SIGCONT resumes it)."""
+    os.kill(self.process.pid, signum)
+
+  def kill(self):
+    """Kills its process group (a launcher's tasks too), if anything is left of it."""
+    try:
+      os.killpg(self.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self.process.wait()
+
+
+def _tasks():
+  started = []
+
+  def start(argv):
+    started.append(Task(argv))
+    return started[-1]
+  yield start
+  for task in started:
+    task.kill()
+
+
+@pytest.fixture
+def tasks():
+  """start(argv) -> Task; every task of the test is killed at its end."""
+  yield from _tasks()
+
+
+@pytest.fixture(scope='module')
+def module_tasks():
+  """start(argv) -> Task, for the clusters this module's tests share."""
+  yield from _tasks()
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('data'))
+  cifar10_data.write_dataset(path, records_per_file=50)
+  return path
+
+
+def local_cluster(start, num_ps, num_workers, train_dir, *flags):
+  """Runs dist_train.py --local_cluster to the end; returns {task: [its lines]}."""
+  task = start([sys.executable, '-u', DIST_TRAIN, '--local_cluster=%d,%d' % (
+      num_ps, num_workers), '--train_dir=%s' % train_dir] + QUICK_FLAGS + list(flags))
+  code, log = task.finish()
+  assert code == 0, log[-5000:]
+  by_task = {}
+  for line in log.splitlines():
+    found = TASK_PREFIX.match(line)
+    if found:
+      by_task.setdefault(found.group(1), []).append(found.group(2))
+  return by_task
+
+
+def matches(pattern, lines):
+  return [m for m in map(pattern.match, lines) if m]
+
+
+def load(checkpoint_dir):
+  """{variable name: value} of the latest checkpoint in checkpoint_dir."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoint_dir))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def start_from(checkpoint, train_dir):
+  """Copies one checkpoint into an empty train_dir, as its only (latest) one."""
+  os.makedirs(train_dir)
+  for path in glob.glob(checkpoint + '.*'):
+    shutil.copy(path, train_dir)
+  with open(os.path.join(train_dir, 'checkpoint'), 'w') as f:
+    f.write('model_checkpoint_path: "%s"\n' % os.path.basename(checkpoint))
+
+
+# ---- Flags and hosts, in-process ------------------------------------------------
+
+
+def test_parse_hosts_good_list_keeps_order():
+  assert dist_train.parse_hosts('ps_hosts', '127.0.0.1:2222, localhost:2223') == [
+      '127.0.0.1:2222', 'localhost:2223']
+
+
+@pytest.mark.parametrize('value, named', [
+    ('', 'is empty'), ('127.0.0.1', "'127.0.0.1'"), ('127.0.0.1:0', "'127.0.0.1:0'"),
+    ('127.0.0.1:x', "'127.0.0.1:x'"), ('127.0.0.1:1,,127.0.0.1:2', "''"),
+    ('127.0.0.1:1,127.0.0.1:1', 'twice')])
+def test_parse_hosts_bad_entry_raises_naming_it(value, named):
+  with pytest.raises(ValueError, match='--worker_hosts') as error:
+    dist_train.parse_hosts('worker_hosts', value)
+  assert named in str(error.value)
+
+
+def test_is_loopback_only_loopback_addresses_pass():
+  assert all(dist_train.is_loopback(h) for h in
+             ['127.0.0.1:1', '127.8.9.10:1', 'localhost:1', '[::1]:1'])
+  assert not any(dist_train.is_loopback(h) for h in
+                 ['10.0.0.5:1', '0.0.0.0:1', 'myhost:1', 'localhost.evil.com:1', '[::]:1'])
+
+
+def test_check_loopback_remote_worker_raises_with_reason_and_opt_in():
+  with pytest.raises(ValueError) as error:
+    dist_train.check_loopback(['127.0.0.1:2222'], ['127.0.0.1:2223', '192.168.1.7:2222'])
+  message = str(error.value)
+  for part in ('--worker_hosts names 192.168.1.7:2222', 'no authentication',
+               '--allow_nonloopback_hosts'):
+    assert part in message
+
+
+def test_free_ports_distinct_and_bindable():
+  ports = dist_train.free_ports(3)
+  assert len(set(ports)) == 3
+  for port in ports:
+    socket.create_server(('127.0.0.1', port)).close()
+
+
+# ---- Flags, as a user runs them ---------------------------------------------------
+
+
+def run_cli(*args, timeout=60):
+  done = subprocess.run([sys.executable, DIST_TRAIN] + list(args), capture_output=True,
+                        text=True, timeout=timeout, cwd=ROOT,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  return done.returncode, done.stdout, done.stderr
+
+
+def test_main_nonloopback_host_without_opt_in_exits_before_serving(tmp_path):
+  code, out, err = run_cli('--job_name=ps', '--ps_hosts=10.1.2.3:2222',
+                           '--worker_hosts=127.0.0.1:2223', '--train_dir=%s' % tmp_path)
+  assert code == 1
+  assert 'error: --ps_hosts names 10.1.2.3:2222, which is not a loopback address' in err
+  assert '--allow_nonloopback_hosts' in err
+  assert 'serving' not in out
+
+
+def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
+  code, _, err = run_cli('--local_cluster=1,1', '--fresh', '--train_dir=%s' % tmp_path)
+  assert code == 1
+  assert 'error: --fresh is a multi_gpu_train.py flag that dist_train.py does not take' in err
+  assert os.listdir(tmp_path) == []
+
+
+# ---- Clusters ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_worker_no_ps_reachable_exits_within_startup_deadline(tasks, data_dir, tmp_path):
+  ps_port, worker_port = dist_train.free_ports(2)  # nothing listens on ps_port
+  start = time.time()
+  worker = tasks([sys.executable, '-u', DIST_TRAIN, '--job_name=worker', '--task_index=0',
+                  '--ps_hosts=127.0.0.1:%d' % ps_port,
+                  '--worker_hosts=127.0.0.1:%d' % worker_port,
+                  '--startup_timeout_secs=3', '--data_dir=%s' % data_dir,
+                  '--train_dir=%s' % tmp_path])
+  code, log = worker.finish(timeout=60)
+  assert code == 1
+  assert time.time() - start < 45  # 3 s of waiting after TensorFlow's import
+  assert ('error: worker 0 waited 3 s for the ps task(s) at 127.0.0.1:%d: nothing accepts '
+          'connections there' % ps_port) in log
+  assert '--startup_timeout_secs' in log
+
+
+MAX_STEPS = 40           # enough for worker 1 to join the async chief well before the end
+
+
+@pytest.fixture(scope='module')
+def async_run(module_tasks, tmp_path_factory):
+  """1 ps + 2 async workers on the same synthetic batch, from step 0 to MAX_STEPS."""
+  train_dir = str(tmp_path_factory.mktemp('async'))
+  logs = local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=10',
+                       '--max_steps=%d' % MAX_STEPS)
+  return train_dir, logs
+
+
+@pytest.fixture(scope='module')
+def sync_run(module_tasks, async_run, tmp_path_factory):
+  """1 ps + 2 sync workers, from the async run's first checkpoint to MAX_STEPS."""
+  train_dir = os.path.join(str(tmp_path_factory.mktemp('sync')), 'train')
+  start_from(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
+  logs = local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=0',
+                       '--sync_replicas', '--max_steps=%d' % MAX_STEPS)
+  return train_dir, logs
+
+
+@pytest.fixture(scope='module')
+def one_process_run(async_run, tmp_path_factory):
+  """multi_gpu_train.py, one tower, from the same checkpoint on the same batch."""
+  train_dir = os.path.join(str(tmp_path_factory.mktemp('one_process')), 'train')
+  start_from(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
+  done = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--synthetic',
+       '--train_dir=%s' % train_dir, '--max_steps=%d' % MAX_STEPS, '--batch_size=8',
+       '--summary_steps=0'], capture_output=True, text=True, timeout=RUN_TIMEOUT_SECS,
+      cwd=ROOT, env=dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2'))
+  assert done.returncode == 0, done.stderr[-3000:]
+  return train_dir
+
+
+@pytest.mark.slow
+def test_async_two_workers_both_train_to_exactly_max_steps(async_run):
+  train_dir, logs = async_run
+  assert sorted(logs) == ['ps0', 'worker0', 'worker1']
+  local_steps = {}
+  for worker in ('worker0', 'worker1'):
+    lines = [line for line in logs[worker] if ': step ' in line]
+    assert lines and all(STEP_LINE.match(line) for line in lines), lines  # the known format
+    [done] = matches(DONE_LINE, logs[worker])
+    assert int(done.group(3)) == MAX_STEPS
+    local_steps[worker] = int(done.group(2))
+    assert local_steps[worker] >= 1, 'worker %s did not contribute' % worker
+  # Every update is one worker step; none past MAX_STEPS, none lost.
+  assert sum(local_steps.values()) == MAX_STEPS
+  assert load(train_dir)['global_step'] == MAX_STEPS
+  assert tf.train.latest_checkpoint(train_dir).endswith('model.ckpt-%d' % MAX_STEPS)
+  # Only the chief saves and writes summaries, into one event file.
+  assert matches(SAVED_LINE, logs['worker0']) and not matches(SAVED_LINE, logs['worker1'])
+  [events] = glob.glob(os.path.join(train_dir, 'events.out.tfevents.*'))
+  tags = {value.tag for event in tf.compat.v1.train.summary_iterator(events)
+          for value in event.summary.value}
+  assert {'total_loss', 'learning_rate'} <= tags
+
+
+@pytest.mark.slow
+def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_process_run,
+                                                             async_run):
+  train_dir, logs = sync_run
+  [resuming] = matches(RESUMING_LINE, logs['worker0'])
+  start = int(resuming.group(2))  # the async run's first checkpoint, 0 or 1
+  done = {w: matches(DONE_LINE, logs[w])[0] for w in ('worker0', 'worker1')}
+  assert all(int(d.group(2)) >= 1 for d in done.values())
+  # Each update averages 2 worker gradients: the global step counts updates, not steps.
+  assert sum(int(d.group(2)) for d in done.values()) >= 2 * (MAX_STEPS - start)
+  sync, one_process, async_ = load(train_dir), load(one_process_run), load(async_run[0])
+  assert sync['global_step'] == one_process['global_step'] == MAX_STEPS
+  # Same batch everywhere, stale gradients dropped: each update is one SGD step on
+  # the current variables, as in one process. The moving averages, stepped once
+  # per update by the chief, match too.
+  assert sorted(sync) == sorted(one_process)
+  for name in sync:
+    np.testing.assert_allclose(sync[name], one_process[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert any(name.endswith('/ExponentialMovingAverage') for name in sync)
+  # Async workers applied gradients of variables that had changed meanwhile.
+  assert max(np.abs(async_[name] - sync[name]).max() for name in sync) > 1e-3
+
+
+def step_at_least(step):
+  """A wait_for condition: a loss line at global step `step` or later."""
+  def condition(line):
+    found = STEP_LINE.match(line)
+    return found and int(found.group(1)) >= step and int(found.group(1))
+  return condition
+
+
+def count_steps(task, at_least, start=0):
+  """A wait_for condition: the task has logged `at_least` loss lines since lines[start]."""
+  return lambda line: len(matches(STEP_LINE, task.lines[start:])) >= at_least
+
+
+@pytest.mark.slow
+def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks, data_dir,
+                                                                           tmp_path):
+  """Sync, 3 workers, updates of 2 gradients: one worker is a backup.
+
+  Worker 2 is killed and the updates go on; it restarts and rejoins. The chief is
+  killed; it restarts from its last checkpoint, rewinding the global step. The run
+  still ends at exactly max_steps. While a task (re)starts, the chief is paused
+  (SIGSTOP): without its queue runner no update lands, so the run waits for it.
+  """
+  max_steps, save_every = 50, 10
+  ps_port, *worker_ports = dist_train.free_ports(4)
+  ps_hosts = ['127.0.0.1:%d' % ps_port]
+  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
+  flags = QUICK_FLAGS + ['--data_dir=%s' % data_dir, '--train_dir=%s' % tmp_path,
+                         '--sync_replicas', '--replicas_to_aggregate=2',
+                         '--max_steps=%d' % max_steps, '--save_every_n_steps=%d' % save_every,
+                         '--summary_steps=0']
+
+  def start(job_name, task_index):
+    return tasks(dist_train.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+
+  def training(task):
+    task.wait_for(lambda line: ': training from global step' in line, 'session')
+
+  start('ps', 0)
+  workers = [start('worker', i) for i in range(3)]
+  chief = workers[0]
+  chief.wait_for(STEP_LINE.match, 'first step')
+  chief.send(signal.SIGSTOP)
+  for worker in workers[1:]:
+    training(worker)
+  chief.send(signal.SIGCONT)
+  for worker in workers:
+    worker.wait_for(count_steps(worker, 2), 'two steps')
+
+  # Worker 2 dies: the other two keep supplying 2 gradients per update.
+  workers[2].kill()
+  killed = [workers[2]]
+  at_kill = max(int(m.group(1)) for w in workers for m in matches(STEP_LINE, w.lines))
+  chief.wait_for(step_at_least(at_kill + 3), 'updates without worker 2',
+                 start=len(chief.lines))
+  chief.send(signal.SIGSTOP)
+  workers[2] = start('worker', 2)
+  training(workers[2])
+  chief.send(signal.SIGCONT)
+  workers[2].wait_for(count_steps(workers[2], 2), 'steps after rejoining')
+  assert min(int(m.group(1)) for m in matches(STEP_LINE, workers[2].lines)) >= at_kill
+
+  # The chief dies 4 steps past a checkpoint, 6 before the next one.
+  saved = [max([0] + [int(m.group(1)) for m in matches(SAVED_LINE, chief.lines)])]
+
+  def past_checkpoint(line):
+    found = SAVED_LINE.match(line)
+    if found:
+      saved[0] = int(found.group(1))
+    step = step_at_least(saved[0] + 4)(line)
+    return saved[0] >= save_every and step and (saved[0], step)
+  checkpoint_step, at_chief_kill = chief.wait_for(
+      past_checkpoint, 'the chief 4 steps past a checkpoint', start=len(chief.lines))
+  chief.kill()
+  killed.append(chief)
+  chief = workers[0] = start('worker', 0)
+  resuming = chief.wait_for(RESUMING_LINE.match, 'resuming')
+  assert int(resuming.group(1)) == int(resuming.group(2)) == checkpoint_step
+  # Its first checkpoint, saved as the session opens, holds the restored step: the
+  # global step went back from at least at_chief_kill.
+  first_saved = chief.wait_for(SAVED_LINE.match, 'a checkpoint')
+  assert int(first_saved.group(1)) == checkpoint_step < at_chief_kill
+
+  local_steps = 0
+  for worker in workers:
+    code, log = worker.finish()
+    assert code == 0, log[-3000:]
+    [done] = matches(DONE_LINE, log.splitlines())
+    assert int(done.group(3)) == max_steps
+    local_steps += int(done.group(2))
+  assert load(str(tmp_path))['global_step'] == max_steps
+  # Each update averaged 2 gradients, each from one worker step (a killed task may
+  # have sent one more than it logged).
+  local_steps += sum(len(matches(STEP_LINE, task.lines)) + 1 for task in killed)
+  assert local_steps >= 2 * max_steps
+
+
+@pytest.mark.slow
+def test_local_cluster_chief_fails_stops_every_task_and_exits_1(tasks, tmp_path):
+  with open(os.path.join(tmp_path, 'checkpoint'), 'w') as f:
+    f.write('not a checkpoint state\n')  # the chief refuses to train over it
+  launcher = tasks([sys.executable, '-u', DIST_TRAIN, '--local_cluster=1,2', '--synthetic',
+                    '--train_dir=%s' % tmp_path] + QUICK_FLAGS)
+  code, log = launcher.finish()
+  assert code == 1
+  assert '[worker0] error: %s cannot be read as a checkpoint state file' % os.path.join(
+      tmp_path, 'checkpoint') in log
+  assert 'local cluster: worker0 exited with 1; stopping the other tasks' in log
+  with pytest.raises(ProcessLookupError):  # the ps task and worker 1 are gone too
+    os.killpg(launcher.process.pid, 0)
