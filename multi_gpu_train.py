@@ -355,15 +355,15 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
           async_towers=False, synthetic=False,
           data_url=None, data_md5=None, fresh=False, config_options=None):
   """Trains until global step max_steps, resuming from train_dir's latest checkpoint."""
-  if fresh:
-    set_aside(train_dir)
-  checkpoint, start_step = checkpoint_to_resume(train_dir)
+  checkpoint, start_step = (None, 0) if fresh else checkpoint_to_resume(train_dir)
   if start_step >= max_steps:
     print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
           'to train further.' % (checkpoint, start_step, max_steps))
     return
   if not synthetic:
     cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
+  if fresh:  # last of the checks: nothing moves unless the run can start
+    set_aside(train_dir)
   devices, num_cpu_devices, where = tower_devices(num_gpus)
 
   with tf.Graph().as_default():
