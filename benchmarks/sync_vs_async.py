@@ -4,7 +4,7 @@
 
 Runs the trainer itself (multi_gpu_train.py) with and without --async_towers,
 interleaved, on the same generated learnable data and the same number of images:
-sync takes EXAMPLES / (towers x batch) steps, async that many updates per tower.
+sync takes EXAMPLES / (towers x batch) steps, async EXAMPLES / batch updates.
 Prints the median examples/sec of each mode (from the trainer's own log lines,
 first line dropped) and the loss each reached, and writes them as JSON.
 """
@@ -34,10 +34,10 @@ LINE = re.compile(r': step (\d+), loss = (\d+\.\d+) \((\d+\.\d) examples/sec')
 
 def run(mode, data_dir, args):
   """One training run from step 0; returns its log lines' rates and last loss."""
-  updates_per_step = 1 if mode == 'async' else args.towers
-  max_steps = args.examples // (args.batch_size * updates_per_step)
-  if mode == 'async':
-    max_steps *= args.towers  # global_step counts every tower's update
+  # Sync: a global step is one update of towers x batch images. Async: global_step
+  # counts every tower's own update of batch images.
+  images_per_step = args.batch_size * (1 if mode == 'async' else args.towers)
+  max_steps = args.examples // images_per_step
   with tempfile.TemporaryDirectory() as train_dir:
     command = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'),
                '--num_gpus=%d' % args.towers, '--batch_size=%d' % args.batch_size,
