@@ -579,12 +579,7 @@ def main(argv):
     if FLAGS[name].present:
       sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
                'take: %s.' % (name, why))
-  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency', 'save_every_n_steps',
-               'startup_timeout_secs', 'step_timeout_secs'):
-    if getattr(FLAGS, name) < 1:
-      sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
-  if FLAGS.summary_steps < 0:
-    sys.exit('error: --summary_steps must be 0 (off) or more, got %d' % FLAGS.summary_steps)
+  multi_gpu_train.check_flags(also_positive=('startup_timeout_secs', 'step_timeout_secs'))
   if FLAGS.replicas_to_aggregate is not None:
     if not FLAGS.sync_replicas:
       sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '

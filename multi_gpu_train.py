@@ -436,8 +436,8 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
           if not np.isfinite(loss_value):
             raise TrainingError(
                 'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
-                '(cifar10/model.py) or --batch_size; the last checkpoint, step %d, is '
-                'untouched.' % (loss_value, step, last_saved))
+                '(cifar10/model.py) or --batch_size; %s' % (
+                    loss_value, step, _last_checkpoint_note(saver, last_saved)))
           if failures:
             raise failures[0]
 
@@ -468,13 +468,19 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
             'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
 
 
+def _last_checkpoint_note(saver, last_saved):
+  if saver.last_checkpoints or last_saved:
+    return 'the last checkpoint, step %d, is untouched.' % last_saved
+  return 'no checkpoint was written.'
+
+
 def _save(sess, saver, all_finite, checkpoint_path, step, last_saved):
   """Writes model.ckpt-<step> unless a variable is NaN; returns step."""
   if not sess.run(all_finite):
     raise TrainingError(
         'a variable became NaN or infinite by step %d: the model diverged. Lower '
-        'INITIAL_LEARNING_RATE (cifar10/model.py); the last checkpoint, step %d, is '
-        'untouched.' % (step, last_saved))
+        'INITIAL_LEARNING_RATE (cifar10/model.py); %s'
+        % (step, _last_checkpoint_note(saver, last_saved)))
   print('Saved checkpoint %s' % saver.save(sess, checkpoint_path, global_step=step))
   return step
 
@@ -499,16 +505,23 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
     failures.append(e)
 
 
-def main(argv):
-  del argv  # absl has already refused unknown flags
-  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency', 'save_every_n_steps'):
+def check_flags(also_positive=()):
+  """Stops the run, naming the flag, when a flag shared with dist_train.py is out of range."""
+  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency',
+               'save_every_n_steps') + tuple(also_positive):
     if getattr(FLAGS, name) < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
-  if FLAGS.summary_steps < 0:
-    sys.exit('error: --summary_steps must be 0 (off) or more, got %d' % FLAGS.summary_steps)
+  for name in ('summary_steps', 'intra_op_threads', 'inter_op_threads'):
+    if getattr(FLAGS, name) < 0:
+      sys.exit('error: --%s must be 0 or more, got %d' % (name, getattr(FLAGS, name)))
   if not 0.0 <= FLAGS.gpu_memory_fraction <= 1.0:
     sys.exit('error: --gpu_memory_fraction must be between 0 and 1, got %g'
              % FLAGS.gpu_memory_fraction)
+
+
+def main(argv):
+  del argv  # absl has already refused unknown flags
+  check_flags()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
   os.makedirs(FLAGS.train_dir, exist_ok=True)

@@ -6,7 +6,8 @@ Runs the trainer itself (multi_gpu_train.py) with and without --async_towers,
 interleaved, on the same generated learnable data and the same number of images:
 sync takes EXAMPLES / (towers x batch) steps, async EXAMPLES / batch updates.
 Prints the median examples/sec of each mode (from the trainer's own log lines,
-first line dropped) and the loss each reached, and writes them as JSON.
+first line dropped), the loss each reached, and how many runs diverged (the
+trainer stops on a NaN or infinite loss), and writes them as JSON.
 """
 import argparse
 import json
@@ -26,7 +27,7 @@ import cifar10_data  # noqa: E402
 TOWERS = 2
 BATCH_SIZE = 128          # images per tower
 EXAMPLES = 64000          # images each run trains on: 250 sync steps of 2 x 128
-ROUNDS = 3                # sync, async, sync, async, ...
+ROUNDS = 5                # sync, async, sync, async, ...
 RECORDS_PER_FILE = 2000   # generated learnable records per .bin file
 
 LINE = re.compile(r': step (\d+), loss = (\d+\.\d+) \((\d+\.\d) examples/sec')
@@ -48,9 +49,11 @@ def run(mode, data_dir, args):
       command.append('--async_towers')
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  lines = LINE.findall(done.stdout)
+  if done.returncode and 'diverged' in done.stderr:
+    return dict(diverged=True, last_step=int(lines[-1][0]) if lines else 0)
   if done.returncode:
     sys.exit('error: %s run failed:\n%s' % (mode, done.stderr[-3000:]))
-  lines = LINE.findall(done.stdout)
   rates = [float(rate) for _, _, rate in lines[1:]]  # the first step builds kernels
   return dict(examples_per_sec=statistics.median(rates), last_loss=float(lines[-1][1]),
               last_step=int(lines[-1][0]))
@@ -76,11 +79,14 @@ def main():
         % (args.towers, args.batch_size, args.examples, args.rounds))
   summary = {}
   for mode, runs in results.items():
+    finished = [r for r in runs if not r.get('diverged')]
     summary[mode] = dict(
-        examples_per_sec=statistics.median(r['examples_per_sec'] for r in runs),
-        last_loss=statistics.median(r['last_loss'] for r in runs))
-    print('%-5s  %7.1f examples/sec   loss at the end %.2f' % (
-        mode, summary[mode]['examples_per_sec'], summary[mode]['last_loss']))
+        diverged=len(runs) - len(finished),
+        examples_per_sec=statistics.median(r['examples_per_sec'] for r in finished),
+        last_loss=statistics.median(r['last_loss'] for r in finished))
+    print('%-5s  %7.1f examples/sec   loss at the end %.2f   diverged in %d of %d runs' % (
+        mode, summary[mode]['examples_per_sec'], summary[mode]['last_loss'],
+        summary[mode]['diverged'], len(runs)))
   print('async / sync examples/sec: %.2f' % (summary['async']['examples_per_sec'] /
                                              summary['sync']['examples_per_sec']))
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
