@@ -142,7 +142,7 @@ def main(argv):
           print('%s went away while being read; trying again.' % path)
           continue
         print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
-              'cross-entropy %.4f)' % (datetime.datetime.now(), precision, step, count,
+              'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
                                        FLAGS.eval_data, averages, loss))
         sys.stdout.flush()
         writer = writer or tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)

@@ -14,7 +14,7 @@ import multi_gpu_train
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISION = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: precision @ 1 = (\d\.\d{3}) '
                        r'\(global step (\d+), (\d+) test records, (moving averages|raw '
-                       r'weights), cross-entropy (\d+\.\d+)\)$', re.M)
+                       r'weights), cross-entropy (\S+)\)$', re.M)
 
 
 def _eval(*args, timeout=120):
