@@ -11,12 +11,14 @@ Every path and size arrives as an argument; nothing here reads flags. Problems
 with the files raise DataError with a message naming the file and the fix.
 """
 import hashlib
+import http.client
 import os
 import posixpath
 import shutil
 import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -133,6 +135,11 @@ def _download(url, archive, md5, expected_bytes):
                       'check --data_url, or pass --data_md5 if you trust this copy.'
                       % (url, digest.hexdigest(), md5))
     os.replace(tmp_path, archive)
+  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    os.remove(tmp_path)
+    raise DataError('cannot download %s: %s. Check the network, point --data_url at '
+                    'another copy, or put %s in %s yourself.'
+                    % (url, getattr(e, 'reason', e), name, os.path.dirname(archive))) from e
   except BaseException:
     os.remove(tmp_path)
     raise

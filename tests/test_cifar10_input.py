@@ -217,3 +217,19 @@ def _affine_match(image, window):
       return False
     scales.append(a)
   return np.ptp(scales) < 1e-4
+
+
+@pytest.mark.parametrize('case', ['http-404', 'nothing-listening'])
+def test_download_unreachable_url_names_it_and_leaves_no_file(tmp_path, case):
+  served, data_dir = tmp_path / 'served', tmp_path / 'data'
+  served.mkdir()
+  with _serve(served) as url:
+    if case == 'http-404':
+      target = url + 'missing.tar.gz'
+      with pytest.raises(cifar10_input.DataError, match='cannot download ' + target):
+        cifar10_input.maybe_download_and_extract(str(data_dir), target, '0' * 32)
+  if case == 'nothing-listening':  # the server has stopped: its port refuses connections
+    target = url + 'cifar-10-binary.tar.gz'
+    with pytest.raises(cifar10_input.DataError, match='cannot download ' + target):
+      cifar10_input.maybe_download_and_extract(str(data_dir), target, '0' * 32)
+  assert _tree(data_dir) == []
