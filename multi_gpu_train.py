@@ -424,6 +424,7 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
         threads[-1].start()
 
       step = last_saved = start_step
+      interrupted = False
       try:
         while take_update():
           summarize = summary_steps and step % summary_steps == 0
@@ -456,15 +457,22 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
 
           if step // save_every_n_steps != last_saved // save_every_n_steps:
             last_saved = _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
+      except KeyboardInterrupt:  # Ctrl-C: keep the steps since the last checkpoint
+        interrupted = True
       finally:
         stop.set()
         for thread in threads:
           thread.join()
         if writer:
           writer.close()
-      step = sess.run(global_step)  # async: the other towers may have landed a few more
+      # The global step, not the loop's count: async towers may have landed a few
+      # more, and Ctrl-C may have come after a step ran but before the count.
+      step = sess.run(global_step)
       if step != last_saved:
         _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
+      if interrupted:
+        print('Stopped by Ctrl-C at step %d; rerun the same command to resume.' % step)
+        raise KeyboardInterrupt
       if async_towers:
         print('updates applied per tower: %s; global step %d' % (', '.join(
             'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
@@ -541,6 +549,8 @@ def main(argv):
                               inter_op_threads=FLAGS.inter_op_threads))
   except (TrainingError, cifar10_input.DataError) as e:
     sys.exit('error: %s' % e)
+  except KeyboardInterrupt:
+    sys.exit(130)  # the shell's code for Ctrl-C; train() has saved and said so
 
 
 if __name__ == '__main__':

@@ -257,3 +257,23 @@ def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_pa
   for var in ('conv1/weights', 'local3/weights', 'global_step'):
     assert placed[var].endswith('/device:CPU:0'), var
   assert 'input: synthetic' in out and _steps(out) == [1]
+
+
+def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(data_dir, tmp_path):
+  args = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
+          '--data_dir=' + data_dir, '--train_dir=%s' % tmp_path, '--summary_steps=0',
+          '--log_frequency=1', '--max_steps=100000']  # saves every 1000: none before Ctrl-C
+  proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=ROOT)
+  deadline, logged = time.time() + TIMEOUT_SECS, 0
+  while logged < 5 and time.time() < deadline:
+    logged += bool(LOG_LINE.match(proc.stdout.readline().rstrip('\n')))
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130, err
+  assert 'Traceback' not in err
+  stopped = re.search(r'^Stopped by Ctrl-C at step (\d+); rerun the same command', out, re.M)
+  assert stopped, out
+  step = int(stopped.group(1))
+  assert step >= 5 and 'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, step) in out
+  assert tf.train.load_checkpoint(str(tmp_path)).get_tensor('global_step') == step
