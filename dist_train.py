@@ -50,6 +50,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
+import training_run
 import multi_gpu_train  # the graph, the session config and the flags both scripts share
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
@@ -295,7 +296,7 @@ class PrintSaves(tf.compat.v1.train.CheckpointSaverListener):
   """Prints each checkpoint's path, as multi_gpu_train.py does."""
 
   def __init__(self, train_dir):
-    self._prefix = os.path.join(train_dir, multi_gpu_train.CHECKPOINT_PREFIX)
+    self._prefix = os.path.join(train_dir, training_run.CHECKPOINT_PREFIX)
 
   def after_save(self, session, global_step_value):
     print('Saved checkpoint %s-%d' % (self._prefix, global_step_value), flush=True)
@@ -335,7 +336,7 @@ def train(cluster, task_index, train_dir, data_dir, num_gpus, batch_size, max_st
   replicas_to_aggregate = replicas_to_aggregate or num_workers
   if is_chief:  # a checkpoint that cannot be read stops the run here, with the fix
     os.makedirs(train_dir, exist_ok=True)
-    checkpoint, start_step = multi_gpu_train.checkpoint_to_resume(train_dir)
+    checkpoint, start_step = training_run.checkpoint_to_resume(train_dir)[:2]
   if not synthetic:
     cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
   devices, num_cpu_devices, where = multi_gpu_train.tower_devices(num_gpus)
@@ -391,11 +392,11 @@ def train(cluster, task_index, train_dir, data_dir, num_gpus, batch_size, max_st
             tf.compat.v1.global_variables())
       # Not sharded: the chief writes every file, so only it needs --train_dir.
       scaffold = tf.compat.v1.train.Scaffold(
-          saver=tf.compat.v1.train.Saver(max_to_keep=multi_gpu_train.KEEP_CHECKPOINTS),
+          saver=training_run.make_saver(multi_gpu_train.KEEP_CHECKPOINTS),
           summary_op=graph['summary_op'])
       checkpoint_hook = tf.compat.v1.train.CheckpointSaverHook(
           train_dir, save_steps=save_every_n_steps, scaffold=scaffold,
-          checkpoint_basename=multi_gpu_train.CHECKPOINT_PREFIX,
+          checkpoint_basename=training_run.CHECKPOINT_PREFIX,
           listeners=[PrintSaves(train_dir)])
     num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
 

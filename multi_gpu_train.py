@@ -18,9 +18,11 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's INFO lines off the loss lines
 
+import collections
+import contextlib
 import datetime
-import glob
-import shutil
+import functools
+import re
 import sys
 import threading
 import time
@@ -32,6 +34,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
+import training_run
 
 # ---- Training knobs: edit, save, rerun ----------------------------------------
 BATCH_SIZE = 128                  # images per tower; one step sees BATCH_SIZE * num_gpus
@@ -69,12 +72,7 @@ flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s 
 flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
 flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
 
-CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
-TRAIN_DIR_FILES = ['checkpoint', CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*']
-
-
-class TrainingError(Exception):
-  """The run cannot go on; the message says why and what to do."""
+TrainingError = training_run.TrainingError
 
 
 def tower_loss(scope, images, labels):
@@ -294,80 +292,65 @@ def _summaries(towers, tower_losses, grads, lr):
          for tag, value in histograms.items()])
 
 
-def checkpoint_to_resume(train_dir):
-  """The checkpoint a rerun continues from, after checking it can be read whole.
+TrainRun = collections.namedtuple('TrainRun', [
+    'train_dir',   # str
+    'lock',        # the open lock file: held until the process ends
+    'checkpoint',  # str, the checkpoint to restore, or None to start from step 0
+    'start_step',  # int, its global step
+    'kept',        # the checkpoints the Saver rotates, oldest first
+])
+
+
+def start(train_dir, data_dir, max_steps, synthetic=False, data_url=None, data_md5=None,
+          fresh=False):
+  """Checks, lock and resume point: everything that can stop a run before it starts.
+
+  Nothing is created or moved until every check has passed: a run that cannot
+  start leaves no directory behind.
 
   Returns:
-    (path, global step) of the latest checkpoint, or (None, 0) for a directory
-    with no checkpoint files.
-
-  Raises:
-    TrainingError: the directory holds checkpoint files that cannot be read.
+    a TrainRun, or None when train_dir's checkpoint is already at max_steps.
   """
-  state_file = os.path.join(train_dir, 'checkpoint')
-  if not os.path.exists(state_file):
-    orphans = sorted(glob.glob(os.path.join(train_dir, CHECKPOINT_PREFIX + '-*.index')))
-    if orphans:
-      raise TrainingError(
-          '%s holds checkpoints (%s) but no "checkpoint" state file naming the latest. '
-          'Restore that file, or pass --fresh to set these aside and start from step 0.'
-          % (train_dir, ', '.join(os.path.basename(p) for p in orphans)))
-    return None, 0
-  # get_checkpoint_state() returns None for a file it cannot parse; starting from
-  # step 0 then would silently train over the user's checkpoints.
-  state = tf.train.get_checkpoint_state(train_dir)
-  if state is None or not state.model_checkpoint_path:
-    raise TrainingError(
-        '%s cannot be read as a checkpoint state file. Fix or remove it (it names '
-        'the latest model.ckpt-<step>), or pass --fresh to start from step 0.'
-        % state_file)
-  path = state.model_checkpoint_path
-  if not os.path.isabs(path):
-    path = os.path.join(train_dir, path)
-  try:
-    reader = tf.train.load_checkpoint(path)
-    for name in reader.get_variable_to_shape_map():
-      reader.get_tensor(name)  # reads every byte: a truncated file fails here
-    step = int(reader.get_tensor('global_step'))
-  except Exception as e:  # OpError, IndexError ('Read less bytes'), ...: all unreadable
-    raise TrainingError(
-        'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
-        'older model.ckpt-<step> in that directory, or pass --fresh to start from '
-        'step 0.' % (path, state_file, str(e).splitlines()[0])) from e
-  return path, step
-
-
-def set_aside(train_dir):
-  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
-  found = sorted({p for pattern in TRAIN_DIR_FILES
-                  for p in glob.glob(os.path.join(train_dir, pattern))})
-  if not found:
-    return
-  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
-  os.makedirs(dest)
-  for path in found:
-    shutil.move(path, dest)
-  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
-        'no longer need them.' % (len(found), train_dir, dest,
-                                  ', '.join(os.path.basename(p) for p in found)))
+  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+    raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
+                        'at a directory (it is created if missing).' % train_dir)
+  lock = training_run.lock_train_dir(train_dir) if os.path.isdir(train_dir) else None
+  checkpoint, start_step, kept, notes = (
+      (None, 0, [], []) if fresh else training_run.checkpoint_to_resume(train_dir))
+  for note in notes:
+    print(note)
+  if start_step >= max_steps:
+    print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
+          'to train further.' % (checkpoint, start_step, max_steps))
+    return None
+  if not synthetic:
+    cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
+  if lock is None:
+    try:
+      os.makedirs(train_dir, exist_ok=True)
+    except OSError as e:
+      raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
+                          'can write to.' % (train_dir, e.strerror)) from None
+    lock = training_run.lock_train_dir(train_dir)
+  if fresh:  # last of the checks: nothing moves unless the run can start
+    training_run.set_aside(train_dir)
+  return TrainRun(train_dir, lock, checkpoint, start_step, kept)
 
 
 def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
           summary_steps=SUMMARY_STEPS, save_every_n_steps=SAVE_EVERY_N_STEPS,
           async_towers=False, synthetic=False,
-          data_url=None, data_md5=None, fresh=False, config_options=None):
-  """Trains until global step max_steps, resuming from train_dir's latest checkpoint."""
-  checkpoint, start_step = (None, 0) if fresh else checkpoint_to_resume(train_dir)
-  if start_step >= max_steps:
-    print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
-          'to train further.' % (checkpoint, start_step, max_steps))
-    return
-  if not synthetic:
-    cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
-  if fresh:  # last of the checks: nothing moves unless the run can start
-    set_aside(train_dir)
-  devices, num_cpu_devices, where = tower_devices(num_gpus)
+          data_url=None, data_md5=None, fresh=False, config_options=None, stop=None):
+  """Trains until global step max_steps, resuming from train_dir's latest checkpoint.
 
+  Args:
+    stop: a training_run.StopSignals, or None (tests): when it is requested the
+      loop ends after the current step, saves, and training_run.Stopped is raised.
+  """
+  run = start(train_dir, data_dir, max_steps, synthetic, data_url, data_md5, fresh)
+  if run is None:
+    return
+  devices, num_cpu_devices, where = tower_devices(num_gpus)
   with tf.Graph().as_default():
     with tf.device('/cpu:0'):
       if synthetic:
@@ -377,121 +360,168 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
       iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
     graph = build_train_graph(iterator.get_next, devices, batch_size, async_towers,
                               summaries=summary_steps > 0)
-    train_ops, loss, global_step = graph['train_ops'], graph['loss'], graph['global_step']
-    examples_per_update = graph['examples_per_update']
-    num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
-    all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
-                                for v in tf.compat.v1.trainable_variables()])
-    saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
-                                     max_to_keep=KEEP_CHECKPOINTS)
-    init = tf.compat.v1.global_variables_initializer()
-
-    print('TensorFlow %s; %s' % (tf.__version__, where))
-    print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
-        batch_size * num_gpus, batch_size, num_gpus,
-        ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
-    print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s' % (
-        graph['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, examples_per_update,
-        cifar10.NUM_EPOCHS_PER_DECAY, 'synthetic' if synthetic else data_dir))
-
+    print_start(graph, where, num_gpus, batch_size, async_towers,
+                'synthetic' if synthetic else data_dir)
     config = session_config(num_cpu_devices, **(config_options or {}))
-    with tf.compat.v1.Session(config=config) as sess:
-      if checkpoint:
-        try:
-          saver.restore(sess, checkpoint)
-        except (tf.errors.OpError, ValueError) as e:
-          raise TrainingError('cannot restore %s into this model: %s. Use another '
-                              '--train_dir, or --fresh to start over.'
-                              % (checkpoint, str(e).splitlines()[0])) from e
-        print('Resuming from %s at step %d' % (checkpoint, start_step))
-      else:
-        sess.run(init)
-        print('Starting from step 0 in %s' % train_dir)
-      writer = tf.compat.v1.summary.FileWriter(train_dir, sess.graph if not checkpoint
-                                               else None) if summary_steps else None
-      checkpoint_path = os.path.join(train_dir, CHECKPOINT_PREFIX)
+    with open_session(run, config) as (sess, saver):
+      loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
+           save_every_n_steps, stop or NEVER)
 
-      # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
-      # Every applied update takes one from this budget, so async towers together
-      # stop exactly at max_steps.
-      take_update = _update_budget(max_steps - start_step)
-      stop, failures, threads = threading.Event(), [], []
-      updates_by_tower = [0] * len(train_ops)
-      for i, op in enumerate(train_ops[1:], 1):
-        threads.append(threading.Thread(target=_run_tower, daemon=True,
-                                        args=(sess, op, take_update, stop, failures,
-                                              updates_by_tower, i)))
-        threads[-1].start()
 
-      step = last_saved = start_step
-      interrupted = False
+def print_start(graph, where, num_gpus, batch_size, async_towers, source):
+  """The start-up lines: devices, global batch, parameters, learning-rate schedule."""
+  num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
+  print('TensorFlow %s; %s' % (tf.__version__, where))
+  print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
+      batch_size * num_gpus, batch_size, num_gpus,
+      ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
+  print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s' % (
+      graph['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+      graph['examples_per_update'], cifar10.NUM_EPOCHS_PER_DECAY, source))
+
+
+@contextlib.contextmanager
+def open_session(run, config):
+  """A session with the variables restored from run.checkpoint, or initialised.
+
+  Yields:
+    (session, Saver that continues the rotation of run.kept).
+  """
+  saver = training_run.make_saver(KEEP_CHECKPOINTS, tf.compat.v1.global_variables())
+  init = tf.compat.v1.global_variables_initializer()
+  with tf.compat.v1.Session(config=config) as sess:
+    if run.checkpoint:
       try:
-        while take_update():
-          summarize = summary_steps and step % summary_steps == 0
-          fetches = [train_ops[0], loss] + ([graph['summary_op']] if summarize else [])
-          start_time = time.time()
-          results = sess.run(fetches)
-          duration = time.time() - start_time
-          updates_by_tower[0] += 1
-          previous, step = step, (sess.run(global_step) if async_towers else step + 1)
-
-          loss_value = results[1]
-          if not np.isfinite(loss_value):
-            raise TrainingError(
-                'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
-                '(cifar10/model.py) or --batch_size; %s' % (
-                    loss_value, step, _last_checkpoint_note(saver, last_saved)))
-          if failures:
-            raise failures[0]
-
-          examples_per_sec = (step - previous) * examples_per_update / duration
-          if step // log_frequency != previous // log_frequency or previous == start_step:
-            sec_per_batch = duration / ((step - previous) if async_towers else num_gpus)
-            print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
-                datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
-            sys.stdout.flush()
-          if summarize:
-            writer.add_summary(results[2], step)
-            writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-                tag='examples_per_sec', simple_value=examples_per_sec)]), step)
-
-          if step // save_every_n_steps != last_saved // save_every_n_steps:
-            last_saved = _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
-      except KeyboardInterrupt:  # Ctrl-C: keep the steps since the last checkpoint
-        interrupted = True
-      finally:
-        stop.set()
-        for thread in threads:
-          thread.join()
-        if writer:
-          writer.close()
-      # The global step, not the loop's count: async towers may have landed a few
-      # more, and Ctrl-C may have come after a step ran but before the count.
-      step = sess.run(global_step)
-      if step != last_saved:
-        _save(sess, saver, all_finite, checkpoint_path, step, last_saved)
-      if interrupted:
-        print('Stopped by Ctrl-C at step %d; rerun the same command to resume.' % step)
-        raise KeyboardInterrupt
-      if async_towers:
-        print('updates applied per tower: %s; global step %d' % (', '.join(
-            'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
+        saver.restore(sess, run.checkpoint)
+      except (tf.errors.OpError, ValueError) as e:
+        raise TrainingError('cannot restore %s into this model: %s Use another '
+                            '--train_dir, or --fresh to start over.'
+                            % (run.checkpoint, _restore_error(e))) from None
+      # Older checkpoints are deleted as new ones land, whichever run wrote them.
+      saver.recover_last_checkpoints(run.kept)
+      print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
+    else:
+      sess.run(init)
+      print('Starting from step 0 in %s' % run.train_dir)
+    sys.stdout.flush()
+    yield sess, saver
 
 
-def _last_checkpoint_note(saver, last_saved):
-  if saver.last_checkpoints or last_saved:
+def _restore_error(e):
+  """What a failed restore says, down to the variable it names, on one line."""
+  text = ' '.join(str(e).split())
+  named = re.search(r'(Key \S+ not found in checkpoint|[^.]*shape[^.]*\.)', text)
+  return named.group(1).rstrip('.') + '.' if named else text[:300]
+
+
+class _Never:
+  requested = False
+
+
+NEVER = _Never()  # the stop signal of a run nobody can interrupt (tests)
+
+
+def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
+         save_every_n_steps, stop):
+  """The step loop: run, check, log, summarise, save; then the last save."""
+  train_ops, loss, global_step = graph['train_ops'], graph['loss'], graph['global_step']
+  async_towers = len(train_ops) > 1
+  num_towers = len(graph['tower_losses'])
+  all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                              for v in tf.compat.v1.trainable_variables()])
+  writer = tf.compat.v1.summary.FileWriter(
+      run.train_dir, sess.graph if not run.checkpoint else None) if summary_steps else None
+  save = functools.partial(_save, sess, saver, all_finite, run.train_dir)
+
+  # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
+  # Every applied update takes one from this budget, so async towers together
+  # stop exactly at max_steps.
+  take_update = _update_budget(max_steps - run.start_step)
+  halt, failures, threads = threading.Event(), [], []
+  updates_by_tower = [0] * len(train_ops)
+  for i, op in enumerate(train_ops[1:], 1):
+    threads.append(threading.Thread(target=_run_tower, daemon=True,
+                                    args=(sess, op, take_update, halt, failures,
+                                          updates_by_tower, i)))
+    threads[-1].start()
+
+  step = last_saved = last_summary = run.start_step
+  try:
+    while not stop.requested and take_update():
+      # Summaries describe the variables at `step`, before this update.
+      summarize = summary_steps and step % summary_steps == 0
+      fetches = [train_ops[0], loss] + ([graph['summary_op']] if summarize else [])
+      start_time = time.time()
+      results = sess.run(fetches)
+      duration = time.time() - start_time
+      updates_by_tower[0] += 1
+      previous, step = step, (sess.run(global_step) if async_towers else step + 1)
+
+      loss_value = results[1]
+      if not np.isfinite(loss_value):
+        raise TrainingError(
+            'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
+            '(cifar10/model.py) or --batch_size; %s' % (
+                loss_value, step, _last_checkpoint_note(last_saved)))
+      if failures:
+        raise failures[0]
+
+      examples_per_sec = (step - previous) * graph['examples_per_update'] / duration
+      if step // log_frequency != previous // log_frequency or previous == run.start_step:
+        sec_per_batch = duration / ((step - previous) if async_towers else num_towers)
+        print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
+            datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
+        sys.stdout.flush()
+      if summarize:
+        _write_summary(writer, results[2], previous, examples_per_sec)
+        last_summary = previous
+
+      if step // save_every_n_steps != last_saved // save_every_n_steps:
+        last_saved = save(step, last_saved)
+  finally:
+    halt.set()
+    for thread in threads:
+      thread.join()
+  # The global step, not the loop's count: async towers may have landed a few more.
+  step = sess.run(global_step)
+  if writer:
+    if step != last_summary:  # every run ends with a summary of where it stopped
+      _write_summary(writer, sess.run(graph['summary_op']), step, None)
+    writer.close()
+  if step != last_saved:
+    save(step, last_saved)
+  if stop.requested:
+    print('Stopped by %s at step %d%s; rerun the same command to resume.' % (
+        stop.name, step, '' if step != run.start_step else ' before any step'))
+    raise training_run.Stopped(stop.exit_code)
+  if async_towers:
+    print('updates applied per tower: %s; global step %d' % (', '.join(
+        'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
+
+
+def _write_summary(writer, summary, step, examples_per_sec):
+  writer.add_summary(summary, step)
+  if examples_per_sec is not None:
+    writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+        tag='examples_per_sec', simple_value=examples_per_sec)]), step)
+
+
+def _last_checkpoint_note(last_saved):
+  if last_saved:
     return 'the last checkpoint, step %d, is untouched.' % last_saved
   return 'no checkpoint was written.'
 
 
-def _save(sess, saver, all_finite, checkpoint_path, step, last_saved):
+def _save(sess, saver, all_finite, train_dir, step, last_saved):
   """Writes model.ckpt-<step> unless a variable is NaN; returns step."""
   if not sess.run(all_finite):
     raise TrainingError(
         'a variable became NaN or infinite by step %d: the model diverged. Lower '
         'INITIAL_LEARNING_RATE (cifar10/model.py); %s'
-        % (step, _last_checkpoint_note(saver, last_saved)))
-  print('Saved checkpoint %s' % saver.save(sess, checkpoint_path, global_step=step))
+        % (step, _last_checkpoint_note(last_saved)))
+  print('Saved checkpoint %s' % training_run.save_checkpoint(sess, saver, train_dir, step,
+                                                             last_saved))
+  sys.stdout.flush()
   return step
 
 
@@ -531,10 +561,10 @@ def check_flags(also_positive=()):
 
 def main(argv):
   del argv  # absl has already refused unknown flags
+  stop = training_run.StopSignals()  # first, so that no Ctrl-C or SIGTERM is lost
   check_flags()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
-  os.makedirs(FLAGS.train_dir, exist_ok=True)
   try:
     train(FLAGS.train_dir, FLAGS.data_dir, FLAGS.num_gpus, FLAGS.batch_size,
           FLAGS.max_steps, log_frequency=FLAGS.log_frequency,
@@ -546,11 +576,15 @@ def main(argv):
                               allow_growth=FLAGS.allow_growth,
                               gpu_memory_fraction=FLAGS.gpu_memory_fraction,
                               intra_op_threads=FLAGS.intra_op_threads,
-                              inter_op_threads=FLAGS.inter_op_threads))
+                              inter_op_threads=FLAGS.inter_op_threads),
+          stop=stop)
   except (TrainingError, cifar10_input.DataError) as e:
     sys.exit('error: %s' % e)
-  except KeyboardInterrupt:
-    sys.exit(130)  # the shell's code for Ctrl-C; train() has saved and said so
+  except training_run.Stopped as e:  # train() has saved and said so
+    sys.exit(e.exit_code)
+  except KeyboardInterrupt:  # a second signal: stop now, without saving
+    sys.exit('Stopped by a second %s without saving; the last checkpoint in %s is '
+             'untouched.' % (stop.name, FLAGS.train_dir))
 
 
 if __name__ == '__main__':
