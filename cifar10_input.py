@@ -12,8 +12,10 @@ with the files raise DataError with a message naming the file and the fix.
 """
 import hashlib
 import http.client
+import io
 import os
 import posixpath
+import re
 import shutil
 import sys
 import tarfile
@@ -36,6 +38,9 @@ ARCHIVE_MEMBERS = ({BATCHES_DIR} |    # everything the archive may contain; noth
                    {posixpath.join(BATCHES_DIR, f) for f in
                     TRAIN_FILES + TEST_FILES + ['batches.meta.txt', 'readme.html']})
 
+RECORDS_PER_FILE = 10000             # in each official file
+NUM_CLASSES = 10                      # labels 0..9
+
 LABEL_BYTES = 1
 HEIGHT, WIDTH, DEPTH = 32, 32, 3
 IMAGE_BYTES = HEIGHT * WIDTH * DEPTH  # 3072
@@ -45,6 +50,8 @@ CROP_SIZE = 24                        # pixels; the model's IMAGE_SIZE
 # ---- Input pipeline knobs -------------------------------------------------------
 SHUFFLE_BUFFER = 20000                # records (61 MB raw): 40% of an epoch, as the tutorial
 DOWNLOAD_TIMEOUT_SECS = 60            # a read that stalls this long stops the download
+SAMPLE_RECORDS_PER_FILE = 1000        # --write_sample: 6 files of 3 MB, learnable in minutes
+EXTRACT_PREFIX = '.extract-'          # + PID: a temporary directory being extracted into
 
 
 class DataError(Exception):
@@ -56,20 +63,23 @@ def batches_dir(data_dir):
   return os.path.join(data_dir, BATCHES_DIR)
 
 
-def check_data_files(paths):
-  """Checks that each file exists and holds a whole, non-zero number of records.
+def check_data_files(paths, records_per_file=None):
+  """Checks that each file exists and holds whole records with labels 0..9.
 
   Runs before any graph or session, so a bad file stops the run with a message
-  instead of an OutOfRange error or a hang.
+  instead of an OutOfRange error, a hang, or a label error many steps later.
+  Reading the labels costs one byte in 3073: well under a second for 60,000.
 
   Args:
     paths: list of file paths.
+    records_per_file: int, the exact count each file must hold (the official
+      archive's 10000), or None to accept any non-zero count.
 
   Returns:
     int, the total number of records.
 
   Raises:
-    DataError: naming the first bad file, its size and what to do.
+    DataError: naming the first bad file, what is wrong with it and what to do.
   """
   total = 0
   for path in paths:
@@ -84,9 +94,24 @@ def check_data_files(paths):
           '%s has %d bytes; expected a non-zero multiple of %d (records of 1 label '
           'byte + 3072 pixel bytes; each official file is 10000 records, %d bytes). '
           'The file is truncated or not CIFAR-10 binary data: remove %s to download '
-          'it again.' % (path, size, RECORD_BYTES, 10000 * RECORD_BYTES,
+          'it again.' % (path, size, RECORD_BYTES, RECORDS_PER_FILE * RECORD_BYTES,
                          os.path.dirname(path)))
-    total += size // RECORD_BYTES
+    count = size // RECORD_BYTES
+    if records_per_file and count != records_per_file:
+      raise DataError(
+          '%s holds %d records; each file of the official archive holds %d. The file '
+          'is cut short or not from that archive: remove %s to extract it again, or, '
+          'for a copy of your own, pass its md5 as --data_md5.'
+          % (path, count, records_per_file, os.path.dirname(path)))
+    labels = np.memmap(path, np.uint8, 'r', shape=(count, RECORD_BYTES))[:, 0]
+    bad = np.flatnonzero(labels >= NUM_CLASSES)
+    if bad.size:
+      raise DataError(
+          '%s record %d has label %d; CIFAR-10 labels are 0..%d (%d of its %d records '
+          'are out of range). The file is damaged or not CIFAR-10 binary data: remove '
+          '%s to download it again.' % (path, bad[0], labels[bad[0]], NUM_CLASSES - 1,
+                                        bad.size, count, os.path.dirname(path)))
+    total += count
   return total
 
 
@@ -104,8 +129,12 @@ def _download(url, archive, md5, expected_bytes):
   On any failure the temporary file is removed and `archive` is not created.
   """
   name = os.path.basename(archive)
-  fd, tmp_path = tempfile.mkstemp(prefix='.%s.' % name, suffix='.part',
-                                  dir=os.path.dirname(archive))
+  try:
+    fd, tmp_path = tempfile.mkstemp(prefix=_part_prefix(name), suffix='.part',
+                                    dir=os.path.dirname(archive))
+  except OSError as e:
+    raise DataError('cannot write into --data_dir %s: %s. Point --data_dir at a directory '
+                    'you can write to.' % (os.path.dirname(archive), e.strerror)) from None
   try:
     digest = hashlib.md5()
     received = 0
@@ -138,7 +167,8 @@ def _download(url, archive, md5, expected_bytes):
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
     os.remove(tmp_path)
     raise DataError('cannot download %s: %s. Check the network, point --data_url at '
-                    'another copy, or put %s in %s yourself.'
+                    'another copy, or put %s in %s yourself. To try the program without '
+                    'the data set: python cifar10_input.py --write_sample=/tmp/cifar10_sample'
                     % (url, getattr(e, 'reason', e), name, os.path.dirname(archive))) from e
   except BaseException:
     os.remove(tmp_path)
@@ -146,13 +176,14 @@ def _download(url, archive, md5, expected_bytes):
   print('Downloaded %s, %d bytes, md5 %s' % (archive, received, md5))
 
 
-def _extract(archive, data_dir):
+def _extract(archive, data_dir, records_per_file=None):
   """Extracts the expected members of `archive` into data_dir, refusing anything else.
 
   Every member is checked before any byte is written: no absolute path, no `..`,
   no link, device or fifo, and only names in ARCHIVE_MEMBERS. Files are written
   into a temporary directory inside data_dir, which is renamed into place at the
-  end, so a failure leaves no partial cifar-10-batches-bin behind.
+  end, so a failure leaves no partial cifar-10-batches-bin behind. A damaged
+  cifar-10-batches-bin already there is replaced only once the new one is whole.
   """
   try:
     with tarfile.open(archive, 'r:*') as tar:
@@ -167,7 +198,8 @@ def _extract(archive, data_dir):
         if not (member.isreg() or member.isdir()):
           raise DataError('%s holds %r, which is a link or special file; refusing to '
                           'extract it.' % (archive, name))
-      tmp_dir = tempfile.mkdtemp(prefix='.extract-', dir=data_dir)
+      tmp_dir = tempfile.mkdtemp(prefix='%s%d-' % (EXTRACT_PREFIX, os.getpid()),
+                                 dir=data_dir)
       try:
         os.mkdir(os.path.join(tmp_dir, BATCHES_DIR))
         for member in members:
@@ -176,7 +208,9 @@ def _extract(archive, data_dir):
             with tar.extractfile(member) as src, open(target, 'wb') as dst:
               shutil.copyfileobj(src, dst)
         check_data_files([os.path.join(tmp_dir, BATCHES_DIR, f)
-                          for f in TRAIN_FILES + TEST_FILES])
+                          for f in TRAIN_FILES + TEST_FILES], records_per_file)
+        if os.path.isdir(batches_dir(data_dir)):  # damaged: goes with tmp_dir below
+          os.rename(batches_dir(data_dir), os.path.join(tmp_dir, 'damaged'))
         os.rename(os.path.join(tmp_dir, BATCHES_DIR), batches_dir(data_dir))
       finally:
         shutil.rmtree(tmp_dir)
@@ -188,9 +222,11 @@ def _extract(archive, data_dir):
 def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
   """Makes sure data_dir/cifar-10-batches-bin holds six good .bin files.
 
-  Nothing is downloaded when the extracted files are already there; nothing the
-  user has is overwritten or deleted: a damaged file or archive stops with a
-  message saying what to remove.
+  Nothing is downloaded when the extracted files are already there. A missing or
+  damaged extracted file is extracted again when the archive beside it has the
+  right md5 (saying so); otherwise the run stops with a message saying what to
+  remove. With the official archive's md5 each file must hold 10000 records; with
+  a copy of the user's own (another --data_md5), the counts are printed.
 
   Args:
     data_dir: str, directory for the archive and the extracted files.
@@ -205,25 +241,91 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
   """
   data_url = data_url or DATA_URL
   data_md5 = (data_md5 or DATA_MD5).lower()
-  expected_bytes = DATA_BYTES if data_md5 == DATA_MD5 else None
+  official = data_md5 == DATA_MD5
+  per_file = RECORDS_PER_FILE if official else None
   dest = batches_dir(data_dir)
-  if os.path.isdir(dest):
-    check_data_files([os.path.join(dest, f) for f in TRAIN_FILES + TEST_FILES])
-    return dest
-  os.makedirs(data_dir, exist_ok=True)
+  paths = [os.path.join(dest, f) for f in TRAIN_FILES + TEST_FILES]
   name = posixpath.basename(urllib.parse.urlparse(data_url).path) or 'cifar-10-binary.tar.gz'
   archive = os.path.join(data_dir, name)
+  if os.path.isdir(data_dir):
+    _remove_leftovers(data_dir, name)
+  if os.path.isdir(dest):
+    try:
+      check_data_files(paths, per_file)
+    except DataError as e:
+      if not (os.path.isfile(archive) and _md5(archive) == data_md5):
+        raise
+      print('%s Extracting it again from the verified archive %s.'
+            % (str(e).split('. ')[0] + '.', archive))
+      _extract(archive, data_dir, per_file)
+  else:
+    _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None)
+    _extract(archive, data_dir, per_file)
+    print('Extracted %s' % dest)
+  if not official:
+    print('CIFAR-10 copy with md5 %s in %s: %s' % (data_md5, dest, ', '.join(
+        '%s %d records' % (os.path.basename(p), os.path.getsize(p) // RECORD_BYTES)
+        for p in paths)))
+  return dest
+
+
+def _fetch(data_url, data_dir, archive, data_md5, expected_bytes):
+  """Downloads the archive unless a copy with the right md5 is already there.
+
+  data_dir is created only for the download, and removed again, when it was
+  created here and is still empty, if the download fails.
+  """
   if os.path.exists(archive):
     md5 = _md5(archive)
     if md5 != data_md5:
       raise DataError('%s is already there but has md5 %s, expected %s. Remove it to '
                       'download it again, or pass --data_md5=%s if it is the copy you '
                       'want.' % (archive, md5, data_md5, md5))
-  else:
+    return
+  created = not os.path.isdir(data_dir)
+  try:
+    os.makedirs(data_dir, exist_ok=True)
+  except OSError as e:
+    raise DataError('cannot create --data_dir %s: %s. Point --data_dir at a directory '
+                    'you can write to.' % (data_dir, e.strerror)) from None
+  try:
     _download(data_url, archive, data_md5, expected_bytes)
-  _extract(archive, data_dir)
-  print('Extracted %s' % dest)
-  return dest
+  except BaseException:
+    if created and not os.listdir(data_dir):
+      os.rmdir(data_dir)
+    raise
+
+
+def _part_prefix(name):
+  """Prefix of the temporary file a download of `name` goes to, with this PID."""
+  return '.%s.%d.' % (name, os.getpid())
+
+
+def _remove_leftovers(data_dir, name):
+  """Removes the temporary files and directories of downloads and extractions
+  that were killed; only this module's own names, and only of dead processes."""
+  for entry in os.listdir(data_dir):
+    found = (re.match(re.escape(EXTRACT_PREFIX) + r'(\d+)-', entry) or
+             re.match(re.escape('.%s.' % name) + r'(\d+)\..*\.part$', entry))
+    if not found or _alive(int(found.group(1))):
+      continue
+    path = os.path.join(data_dir, entry)
+    print('Removing %s, left by an interrupted download or extraction (process %s).'
+          % (path, found.group(1)))
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    else:
+      os.remove(path)
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # another user's process
+  return True
 
 
 def decode_records(records):
@@ -376,3 +478,105 @@ def synthetic_dataset(batch_size, seed=0):
   images = rng.standard_normal((batch_size, CROP_SIZE, CROP_SIZE, DEPTH), np.float32)
   labels = rng.integers(0, 10, batch_size, dtype=np.int32)
   return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+
+# ---- A small learnable sample in the real layout, for trying the program offline ----
+
+# Class k is a colour in one of ten stripe layouts, plus noise: learnable in a few
+# hundred steps, unlike random pixels.
+_SAMPLE_COLOURS = np.array([[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200],
+                            [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230],
+                            [210, 245, 60], [250, 190, 190]], np.float32)
+
+
+def make_records(labels, rng, learnable=True):
+  """Records in the binary layout: uint8 [n, 3073], the label byte then CHW pixels.
+
+  Args:
+    labels: ints 0..9 (any byte value is written as given).
+    rng: numpy Generator.
+    learnable: the pixels show the label (colour and stripes); False: random pixels.
+  """
+  labels = np.asarray(labels, np.uint8)
+  n = len(labels)
+  if learnable:
+    pixels = np.empty((n, HEIGHT, WIDTH, DEPTH), np.float32)
+    rows = np.arange(HEIGHT)[:, None] * np.ones((1, WIDTH))
+    for i, label in enumerate(labels):
+      colour = _SAMPLE_COLOURS[label % NUM_CLASSES]
+      mask = ((rows + label * 3) // (4 + label % 3)) % 2  # stripe width and phase per class
+      pixels[i] = mask[..., None] * colour + (1 - mask[..., None]) * 40.0
+    pixels += rng.normal(0, 20, pixels.shape)
+    pixels = np.clip(pixels, 0, 255).astype(np.uint8)
+  else:
+    pixels = rng.integers(0, 256, (n, HEIGHT, WIDTH, DEPTH), dtype=np.uint8)
+  chw = pixels.transpose(0, 3, 1, 2).reshape(n, IMAGE_BYTES)
+  return np.concatenate([labels[:, None], chw], axis=1)
+
+
+def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
+                 learnable=True):
+  """Writes a small data set in the real layout: the archive and its extracted files.
+
+  data_dir/cifar-10-binary.tar.gz holds data_batch_1..5.bin and test_batch.bin of
+  records_per_file records each; they are also extracted into
+  data_dir/cifar-10-batches-bin/, as maybe_download_and_extract() would.
+
+  Returns:
+    str, the archive's md5: train with --data_md5=<it> (a copy of your own).
+
+  Raises:
+    DataError: data_dir already holds a data set (nothing is overwritten).
+  """
+  archive = os.path.join(data_dir, 'cifar-10-binary.tar.gz')
+  for path in (archive, batches_dir(data_dir)):
+    if os.path.exists(path):
+      raise DataError('%s already exists; nothing was written. Choose another directory '
+                      'for the sample, or remove it.' % path)
+  rng = np.random.default_rng(seed)
+  members = [(posixpath.join(BATCHES_DIR, name),
+              make_records(rng.integers(0, NUM_CLASSES, records_per_file), rng,
+                           learnable).tobytes())
+             for name in TRAIN_FILES + TEST_FILES]
+  os.makedirs(data_dir, exist_ok=True)
+  with tarfile.open(archive, 'w:gz') as tar:
+    for name, data in members:
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  os.mkdir(batches_dir(data_dir))
+  for name, data in members:
+    with open(os.path.join(data_dir, name), 'wb') as f:
+      f.write(data)
+  return _md5(archive)
+
+
+def main(argv=None):
+  """python cifar10_input.py --write_sample=DIR: a sample data set, and how to train on it."""
+  import argparse  # only this command line needs it
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument('--write_sample', required=True, metavar='DIR',
+                      help='directory to write cifar-10-binary.tar.gz and '
+                           'cifar-10-batches-bin/ into')
+  parser.add_argument('--records_per_file', type=int, default=SAMPLE_RECORDS_PER_FILE,
+                      help='records in each of the six files (default %(default)s)')
+  args = parser.parse_args(argv)
+  if args.records_per_file < 1:
+    parser.error('--records_per_file must be at least 1, got %d' % args.records_per_file)
+  try:
+    md5 = write_sample(args.write_sample, args.records_per_file)
+  except (DataError, OSError) as e:
+    sys.exit('error: %s' % e)
+  data_dir = os.path.abspath(args.write_sample)
+  print('Wrote a learnable sample, %d records per file, to %s (archive md5 %s).'
+        % (args.records_per_file, batches_dir(data_dir), md5))
+  print('Train on it, then evaluate:\n'
+        '  python multi_gpu_train.py --num_gpus=2 --batch_size=32 --max_steps=400 '
+        '--data_dir=%s --data_md5=%s --train_dir=%s_train\n'
+        '  python cifar10_eval.py --run_once --data_dir=%s --data_md5=%s '
+        '--checkpoint_dir=%s_train --eval_dir=%s_eval'
+        % (data_dir, md5, data_dir, data_dir, md5, data_dir, data_dir))
+
+
+if __name__ == '__main__':
+  main()

@@ -398,7 +398,8 @@ def open_session(run, config):
                             '--train_dir, or --fresh to start over.'
                             % (run.checkpoint, _restore_error(e))) from None
       # Older checkpoints are deleted as new ones land, whichever run wrote them.
-      saver.recover_last_checkpoints(run.kept)
+      saver.set_last_checkpoints_with_time([(p, os.path.getmtime(p + '.index'))
+                                            for p in run.kept])
       print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
     else:
       sess.run(init)

@@ -1,62 +1,14 @@
-"""Small CIFAR-10 data sets in the real binary layout, made for tests and benchmarks.
+"""Archives for the download tests: well-formed ones and hostile ones.
 
-Each record is 1 label byte + 3072 pixel bytes (red plane, green plane, blue
-plane, each 32x32 row-major), exactly as the official files.
+Data sets themselves come from the product: cifar10_input.write_sample().
 """
 import hashlib
 import io
-import os
 import tarfile
 
 import numpy as np
 
-RECORD_BYTES = 3073
-BATCHES_DIR = 'cifar-10-batches-bin'
-FILES = ['data_batch_%d.bin' % i for i in range(1, 6)] + ['test_batch.bin']
-
-# Class k is a distinct colour in one of ten quadrant/stripe layouts, plus noise:
-# learnable in a few hundred steps, unlike random pixels.
-_COLOURS = np.array([[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200],
-                     [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230],
-                     [210, 245, 60], [250, 190, 190]], np.float32)
-
-
-def make_records(labels, rng, learnable=True):
-  """uint8 [n, 3073]: label byte then CHW pixels; pixels carry the label if learnable."""
-  labels = np.asarray(labels, np.uint8)
-  n = len(labels)
-  if learnable:
-    pixels = np.empty((n, 32, 32, 3), np.float32)
-    rows = np.arange(32)[:, None] * np.ones((1, 32))
-    for i, label in enumerate(labels):
-      mask = ((rows + label * 3) // (4 + label % 3)) % 2  # stripe width and phase per class
-      pixels[i] = mask[..., None] * _COLOURS[label] + (1 - mask[..., None]) * 40.0
-    pixels += rng.normal(0, 20, pixels.shape)
-    pixels = np.clip(pixels, 0, 255).astype(np.uint8)
-  else:
-    pixels = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-  chw = pixels.transpose(0, 3, 1, 2).reshape(n, 3072)
-  return np.concatenate([labels[:, None], chw], axis=1)
-
-
-def write_dataset(data_dir, records_per_file=100, seed=0, learnable=True):
-  """Writes data_dir/cifar-10-batches-bin/{data_batch_1..5,test_batch}.bin.
-
-  Returns:
-    dict file name -> (labels uint8 [n], images uint8 [n, 32, 32, 3] in HWC).
-  """
-  rng = np.random.default_rng(seed)
-  out_dir = os.path.join(data_dir, BATCHES_DIR)
-  os.makedirs(out_dir, exist_ok=True)
-  contents = {}
-  for name in FILES:
-    labels = rng.integers(0, 10, records_per_file)
-    records = make_records(labels, rng, learnable)
-    with open(os.path.join(out_dir, name), 'wb') as f:
-      f.write(records.tobytes())
-    images = records[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    contents[name] = (records[:, 0], images)
-  return contents
+import cifar10_input
 
 
 def make_tarball(path, members):
@@ -82,8 +34,14 @@ def make_tarball(path, members):
 def dataset_members(records_per_file=20, seed=0):
   """The (name, bytes) members of a well-formed small CIFAR-10 archive."""
   rng = np.random.default_rng(seed)
-  members = [(BATCHES_DIR + '/' + name,
-              make_records(rng.integers(0, 10, records_per_file), rng).tobytes())
-             for name in FILES]
-  members.append((BATCHES_DIR + '/batches.meta.txt', b'airplane\nautomobile\n'))
+  members = [(cifar10_input.BATCHES_DIR + '/' + name,
+              cifar10_input.make_records(rng.integers(0, 10, records_per_file),
+                                         rng).tobytes())
+             for name in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES]
+  members.append((cifar10_input.BATCHES_DIR + '/batches.meta.txt', b'airplane\nautomobile\n'))
   return members
+
+
+def read_labels(path):
+  """The label bytes of a .bin file: uint8 [records]."""
+  return np.fromfile(path, np.uint8).reshape(-1, cifar10_input.RECORD_BYTES)[:, 0]

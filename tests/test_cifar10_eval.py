@@ -8,7 +8,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-import cifar10_data
+import cifar10_input
 import multi_gpu_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,17 +42,19 @@ def trained(tmp_path_factory):
   """2 towers on 2 virtual CPUs, trained on learnable generated data."""
   data_dir = str(tmp_path_factory.mktemp('data'))
   train_dir = str(tmp_path_factory.mktemp('train'))
-  cifar10_data.write_dataset(data_dir, records_per_file=100)
+  md5 = cifar10_input.write_sample(data_dir, records_per_file=100)
   multi_gpu_train.train(train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400,
-                        log_frequency=50, summary_steps=50, save_every_n_steps=1000)
-  return data_dir, train_dir
+                        log_frequency=50, summary_steps=50, save_every_n_steps=1000,
+                        data_md5=md5)
+  return data_dir, train_dir, md5
 
 
 @pytest.mark.slow
 def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, tmp_path):
-  data_dir, train_dir = trained
+  data_dir, train_dir, md5 = trained
   before = _files(train_dir)
-  common = ['--run_once', '--data_dir=' + data_dir, '--checkpoint_dir=' + train_dir,
+  common = ['--run_once', '--data_dir=' + data_dir, '--data_md5=' + md5,
+            '--checkpoint_dir=' + train_dir,
             '--eval_dir=%s' % tmp_path]
   code, out, err = _eval(*common)
   assert code == 0, err
@@ -89,18 +91,19 @@ def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained
 
 
 def test_eval_run_once_without_checkpoint_exits_with_message(tmp_path):
-  cifar10_data.write_dataset(str(tmp_path), records_per_file=5)
-  code, out, err = _eval('--run_once', '--data_dir=%s' % tmp_path,
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=5)
+  code, out, err = _eval('--run_once', '--data_dir=%s' % tmp_path, '--data_md5=' + md5,
                          '--checkpoint_dir=%s' % (tmp_path / 'none'),
                          '--eval_dir=%s' % (tmp_path / 'eval'))
   assert code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in err, err
 
 
 def test_eval_without_run_once_waits_for_a_checkpoint_saying_so(tmp_path):
-  cifar10_data.write_dataset(str(tmp_path), records_per_file=5)
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=5)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
-                           '--data_dir=%s' % tmp_path, '--checkpoint_dir=%s' % tmp_path,
+                           '--data_dir=%s' % tmp_path, '--data_md5=' + md5,
+                           '--checkpoint_dir=%s' % tmp_path,
                            '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'],
                           stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
   try:

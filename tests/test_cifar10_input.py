@@ -42,7 +42,7 @@ def test_read_record_decodes_label_and_pixels(tmp_path):
 
 
 def test_eval_dataset_generated_files_every_record_once_in_order(tmp_path):
-  contents = cifar10_data.write_dataset(str(tmp_path), records_per_file=30)
+  cifar10_input.write_sample(str(tmp_path), records_per_file=30)
   with tf.Graph().as_default():
     dataset, n = cifar10_input.eval_dataset('train_eval', str(tmp_path), batch_size=64)
     it = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
@@ -56,13 +56,15 @@ def test_eval_dataset_generated_files_every_record_once_in_order(tmp_path):
       except tf.errors.OutOfRangeError:
         pass
   assert n == 150 and sizes == [64, 64, 22]
-  expected = np.concatenate([contents[f][0] for f in cifar10_input.TRAIN_FILES])
+  expected = np.concatenate([
+      cifar10_data.read_labels(os.path.join(cifar10_input.batches_dir(str(tmp_path)), f))
+      for f in cifar10_input.TRAIN_FILES])
   np.testing.assert_array_equal(labels, expected)
   assert images.shape[1:] == (24, 24, 3)
 
 
 def test_distorted_dataset_batches_have_static_shapes_and_standardised_pixels(tmp_path):
-  cifar10_data.write_dataset(str(tmp_path), records_per_file=20)
+  cifar10_input.write_sample(str(tmp_path), records_per_file=20)
   with tf.Graph().as_default():
     images, labels = cifar10_input.distorted_inputs(str(tmp_path), batch_size=16)
     assert images.shape.as_list() == [16, 24, 24, 3]
@@ -181,7 +183,8 @@ def test_download_malicious_tarball_refused_nothing_written(tmp_path, evil_name,
 
 
 def test_existing_batches_dir_with_truncated_file_stops_and_keeps_it(tmp_path):
-  cifar10_data.write_dataset(str(tmp_path), records_per_file=4)
+  cifar10_input.write_sample(str(tmp_path), records_per_file=4)
+  os.remove(tmp_path / 'cifar-10-binary.tar.gz')  # no archive to extract again from
   path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_3.bin'
   path.write_bytes(path.read_bytes()[:-1])
   with pytest.raises(cifar10_input.DataError, match='data_batch_3.bin has 12291 bytes'):
@@ -194,7 +197,7 @@ def test_distort_batch_each_image_is_a_flipped_or_plain_24x24_window_of_its_sour
   # of it, maybe mirrored, up to a per-channel affine map with a shared positive
   # scale (brightness, contrast, standardisation); the windows and flips vary.
   rng = np.random.default_rng(3)
-  record = cifar10_data.make_records([5], rng, learnable=False)[0]
+  record = cifar10_input.make_records([5], rng, learnable=False)[0]
   source = record[1:].reshape(3, 32, 32).transpose(1, 2, 0).astype(np.float64)
   with tf.Graph().as_default():
     images, labels = cifar10_input._distort_batch(tf.constant([record.tobytes()] * 64))

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import cifar10
-import cifar10_data
+import conftest
 import multi_gpu_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,10 +34,8 @@ def _steps(stdout):
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp('data')
-  cifar10_data.write_dataset(str(path), records_per_file=60)
-  return str(path)
+def sample(tmp_path_factory):
+  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=60)
 
 
 def test_average_gradients_two_towers_is_mean():
@@ -102,13 +100,14 @@ def test_two_towers_step_matches_one_tower_on_joined_batch():
   assert one_tower['global_step'] == 1
 
 
-def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(data_dir, tmp_path,
+def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tmp_path,
                                                                      monkeypatch):
   monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 1e12)
   with pytest.raises(multi_gpu_train.TrainingError,
                      match=r'loss is nan at step \d+.*INITIAL_LEARNING_RATE'):
-    multi_gpu_train.train(str(tmp_path), data_dir, num_gpus=1, batch_size=8,
-                          max_steps=50, summary_steps=0, save_every_n_steps=1)
+    multi_gpu_train.train(str(tmp_path), sample.dir, num_gpus=1, batch_size=8,
+                          max_steps=50, summary_steps=0, save_every_n_steps=1,
+                          data_md5=sample.md5)
   # Checkpoints written while the loss was finite stay; none holds a NaN.
   state = tf.train.get_checkpoint_state(str(tmp_path))
   for path in state.all_model_checkpoint_paths:
@@ -117,9 +116,9 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(data_dir, 
       assert np.isfinite(reader.get_tensor(name)).all(), (path, name)
 
 
-def test_cli_two_towers_logs_saves_and_resumes(data_dir, tmp_path):
+def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path):
   train_dir = str(tmp_path / 'train')
-  common = ['--num_gpus=2', '--batch_size=8', '--data_dir=' + data_dir,
+  common = ['--num_gpus=2', '--batch_size=8', *sample.flags,
             '--train_dir=' + train_dir, '--log_frequency=10', '--save_every_n_steps=20',
             '--summary_steps=0']
   code, out, err = _cli(*common, '--max_steps=30')
@@ -152,7 +151,8 @@ def test_cli_two_towers_logs_saves_and_resumes(data_dir, tmp_path):
     ('missing', 'data_batch_2.bin is missing'),
 ])
 def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, message):
-  cifar10_data.write_dataset(str(tmp_path), records_per_file=60)
+  sample = conftest.write_sample(tmp_path, records_per_file=60)
+  os.remove(tmp_path / 'cifar-10-binary.tar.gz')  # else the run would extract it again
   path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_2.bin'
   if damage == 'truncate':
     path.write_bytes(path.read_bytes()[:-1])
@@ -160,10 +160,9 @@ def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, 
     path.write_bytes(b'')
   else:
     path.unlink()
-  code, out, err = _cli('--data_dir=%s' % tmp_path, '--train_dir=%s' % (tmp_path / 't'),
-                        '--max_steps=5')
+  code, out, err = _cli(*sample.flags, '--train_dir=%s' % (tmp_path / 't'), '--max_steps=5')
   assert code == 1 and message in err, err
-  assert _steps(out) == [] and not os.listdir(tmp_path / 't')
+  assert _steps(out) == [] and not os.path.exists(tmp_path / 't')  # nothing created
 
 
 @pytest.mark.parametrize('flag, message', [
@@ -176,41 +175,58 @@ def test_cli_bad_flag_exits_naming_it(tmp_path, flag, message):
   assert os.listdir(tmp_path) == []
 
 
-def _train_briefly(data_dir, train_dir, max_steps=6):
-  multi_gpu_train.train(train_dir, data_dir, num_gpus=1, batch_size=8, max_steps=max_steps,
-                        summary_steps=0, save_every_n_steps=3)
+def _train_briefly(sample, train_dir, max_steps=6):
+  multi_gpu_train.train(train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
+                        summary_steps=0, save_every_n_steps=3, data_md5=sample.md5)
 
 
-def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(data_dir, tmp_path):
-  _train_briefly(data_dir, str(tmp_path))
+def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, tmp_path):
+  _train_briefly(sample, str(tmp_path))
   (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-6\n{{{')
   before = sorted(os.listdir(tmp_path))
   with pytest.raises(multi_gpu_train.TrainingError,
                      match='checkpoint cannot be read as a checkpoint state file'):
-    _train_briefly(data_dir, str(tmp_path), max_steps=9)
+    _train_briefly(sample, str(tmp_path), max_steps=9)
   assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_checkpoint_truncated_data_file_stops_naming_it(data_dir, tmp_path):
-  _train_briefly(data_dir, str(tmp_path))
+def test_checkpoint_truncated_data_file_stops_naming_it(sample, tmp_path):
+  _train_briefly(sample, str(tmp_path))
   data_file = tmp_path / 'model.ckpt-6.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:100000])
   with pytest.raises(multi_gpu_train.TrainingError,
                      match='checkpoint .*model.ckpt-6 .*cannot be read'):
-    _train_briefly(data_dir, str(tmp_path), max_steps=9)
+    _train_briefly(sample, str(tmp_path), max_steps=9)
   assert data_file.stat().st_size == 100000
 
 
-def test_checkpoint_files_without_state_file_stop(data_dir, tmp_path):
-  _train_briefly(data_dir, str(tmp_path))
+def test_checkpoint_files_without_state_file_resume_from_newest_whole(sample, tmp_path,
+                                                                    capsys):
+  _train_briefly(sample, str(tmp_path))  # model.ckpt-3 and -6
+  os.remove(tmp_path / 'checkpoint')  # as a kill between the files and the state file
+  data_file = tmp_path / 'model.ckpt-6.data-00000-of-00001'
+  data_file.write_bytes(data_file.read_bytes()[:1000])  # and the newest cut short
+  _train_briefly(sample, str(tmp_path), max_steps=8)
+  out = capsys.readouterr().out
+  assert 'resuming from the newest checkpoint that reads whole, model.ckpt-3' in out
+  assert 'Skipped, unreadable: model.ckpt-6' in out
+  assert 'Resuming from %s/model.ckpt-3 at step 3' % tmp_path in out
+  assert tf.train.load_checkpoint(str(tmp_path)).get_tensor('global_step') == 8
+
+
+def test_checkpoint_files_none_whole_without_state_file_stop(sample, tmp_path):
+  _train_briefly(sample, str(tmp_path), max_steps=3)
   os.remove(tmp_path / 'checkpoint')
-  with pytest.raises(multi_gpu_train.TrainingError, match='no "checkpoint" state file'):
-    _train_briefly(data_dir, str(tmp_path), max_steps=9)
+  data_file = tmp_path / 'model.ckpt-3.data-00000-of-00001'
+  data_file.write_bytes(data_file.read_bytes()[:1000])
+  with pytest.raises(multi_gpu_train.TrainingError,
+                     match='holds checkpoints but none reads whole: model.ckpt-3'):
+    _train_briefly(sample, str(tmp_path), max_steps=9)
 
 
-def test_async_towers_both_update_and_global_step_counts_them(data_dir, tmp_path):
+def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path):
   code, out, err = _cli('--num_gpus=2', '--async_towers', '--batch_size=8',
-                        '--data_dir=' + data_dir, '--train_dir=%s' % tmp_path,
+                        *sample.flags, '--train_dir=%s' % tmp_path,
                         '--max_steps=40', '--summary_steps=0', '--log_frequency=10')
   assert code == 0, err
   counts = re.search(r'updates applied per tower: tower_0 (\d+), tower_1 (\d+); '
@@ -222,9 +238,9 @@ def test_async_towers_both_update_and_global_step_counts_them(data_dir, tmp_path
 
 
 @pytest.mark.slow
-def test_cli_killed_mid_run_resumes_from_last_complete_checkpoint(data_dir, tmp_path):
+def test_cli_killed_mid_run_resumes_from_last_complete_checkpoint(sample, tmp_path):
   args = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
-          '--data_dir=' + data_dir, '--train_dir=%s' % tmp_path, '--save_every_n_steps=2',
+          *sample.flags, '--train_dir=%s' % tmp_path, '--save_every_n_steps=2',
           '--summary_steps=0', '--log_frequency=1']
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   for kill_after_saves in (3, 5):  # two different moments; saves come every ~50 ms
@@ -259,9 +275,9 @@ def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_pa
   assert 'input: synthetic' in out and _steps(out) == [1]
 
 
-def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(data_dir, tmp_path):
+def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_path):
   args = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
-          '--data_dir=' + data_dir, '--train_dir=%s' % tmp_path, '--summary_steps=0',
+          *sample.flags, '--train_dir=%s' % tmp_path, '--summary_steps=0',
           '--log_frequency=1', '--max_steps=100000']  # saves every 1000: none before Ctrl-C
   proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=ROOT)
