@@ -13,7 +13,7 @@ files. Results go to stdout and to TensorBoard event files in --eval_dir.
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # keep TensorFlow's INFO chatter off stdout
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
 import datetime
 import sys
@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
+import training_run
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 300              # seconds between evaluations beside a training job
@@ -55,18 +56,24 @@ class EvalError(Exception):
 def latest_checkpoint(checkpoint_dir):
   """Path of the newest checkpoint, None when there is none yet.
 
+  A state file naming absolute paths of another directory (this one was moved
+  or copied) is read as the trainer reads it: the file of that name here first.
+
   Raises:
     EvalError: a 'checkpoint' state file exists but cannot be parsed (TensorFlow
       would silently report no checkpoint and this program would wait forever).
   """
-  if not os.path.exists(os.path.join(checkpoint_dir, 'checkpoint')):
+  try:
+    named = training_run.read_state_file(checkpoint_dir)
+  except training_run.TrainingError as e:
+    raise EvalError(str(e)) from None
+  if named is None:
     return None
-  state = tf.train.get_checkpoint_state(checkpoint_dir)
-  if state is None or not state.model_checkpoint_path:
-    raise EvalError('%s cannot be read as a checkpoint state file.'
-                    % os.path.join(checkpoint_dir, 'checkpoint'))
-  path = state.model_checkpoint_path
-  return path if os.path.isabs(path) else os.path.join(checkpoint_dir, path)
+  notes = []
+  path = training_run.in_this_dir(checkpoint_dir, named[0], notes)
+  for note in notes:
+    print(note)
+  return path
 
 
 def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averages):
@@ -135,9 +142,11 @@ def main(argv):
         try:
           precision, loss, count, step = evaluate(path, FLAGS.data_dir, FLAGS.eval_data,
                                                   FLAGS.batch_size, FLAGS.use_moving_averages)
-        except (tf.errors.NotFoundError, ValueError) as e:
-          if FLAGS.run_once:
-            raise EvalError('cannot read %s: %s' % (path, str(e).splitlines()[0]))
+        except (tf.errors.OpError, ValueError) as e:
+          if FLAGS.run_once or not isinstance(e, tf.errors.NotFoundError):
+            raise EvalError('cannot restore %s into the CIFAR-10 model: %s Point '
+                            '--checkpoint_dir at the trainer\'s --train_dir.'
+                            % (path, training_run.restore_error(e))) from None
           # The trainer's Saver removes old checkpoints; the next one will do.
           print('%s went away while being read; trying again.' % path)
           continue
@@ -162,4 +171,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

@@ -10,10 +10,13 @@ The binary CIFAR-10 files hold fixed-length records of 1 label byte followed by
 Every path and size arrives as an argument; nothing here reads flags. Problems
 with the files raise DataError with a message naming the file and the fix.
 """
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+
 import hashlib
 import http.client
 import io
-import os
 import posixpath
 import re
 import shutil

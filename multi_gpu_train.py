@@ -16,7 +16,7 @@ Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's INFO lines off the loss lines
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
 import collections
 import contextlib
@@ -130,7 +130,7 @@ def tower_devices(num_gpus):
     (list of device strings, number of CPU devices the session must create,
      a line for start-up saying where the towers run).
   """
-  gpus = tf.config.list_physical_devices('GPU')  # honours CUDA_VISIBLE_DEVICES
+  gpus = training_run.list_gpus()  # honours CUDA_VISIBLE_DEVICES
   if len(gpus) >= num_gpus:
     return (['/gpu:%d' % i for i in range(num_gpus)], 1,
             'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
@@ -396,7 +396,7 @@ def open_session(run, config):
       except (tf.errors.OpError, ValueError) as e:
         raise TrainingError('cannot restore %s into this model: %s Use another '
                             '--train_dir, or --fresh to start over.'
-                            % (run.checkpoint, _restore_error(e))) from None
+                            % (run.checkpoint, training_run.restore_error(e))) from None
       # Older checkpoints are deleted as new ones land, whichever run wrote them.
       saver.set_last_checkpoints_with_time([(p, os.path.getmtime(p + '.index'))
                                             for p in run.kept])
@@ -406,13 +406,6 @@ def open_session(run, config):
       print('Starting from step 0 in %s' % run.train_dir)
     sys.stdout.flush()
     yield sess, saver
-
-
-def _restore_error(e):
-  """What a failed restore says, down to the variable it names, on one line."""
-  text = ' '.join(str(e).split())
-  named = re.search(r'(Key \S+ not found in checkpoint|[^.]*shape[^.]*\.)', text)
-  return named.group(1).rstrip('.') + '.' if named else text[:300]
 
 
 class _Never:
@@ -589,4 +582,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

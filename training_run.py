@@ -15,7 +15,10 @@ import fcntl
 import glob
 import os
 import shutil
+import re
 import signal
+import sys
+import tempfile
 import time
 
 import tensorflow as tf
@@ -30,6 +33,38 @@ SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 class TrainingError(Exception):
   """The run cannot go on; the message says why and what to do."""
+
+
+# ---- Devices -------------------------------------------------------------------
+
+def list_gpus():
+  """tf.config.list_physical_devices('GPU'), without one misleading line.
+
+  Call it first thing in a program: whatever first looks for GPUs prints the
+  line (absl's app.run does, through TensorFlow's start-up hooks).
+
+  On a machine with no NVIDIA driver (no /dev/nvidia* device), TensorFlow's CUDA
+  build prints `E0000 ... failed call to cuInit: ... UNKNOWN ERROR (303)` here: it
+  found no driver library, which is the normal state of such a machine. That one
+  line is held back there; every other line, and every line on a machine with a
+  driver, goes to stderr as TensorFlow wrote it.
+  """
+  if glob.glob('/dev/nvidia[0-9]*'):
+    return tf.config.list_physical_devices('GPU')
+  sys.stderr.flush()
+  saved_stderr = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      gpus = tf.config.list_physical_devices('GPU')
+    finally:
+      os.dup2(saved_stderr, 2)
+      os.close(saved_stderr)
+    captured.seek(0)
+    for line in captured.read().decode('utf-8', 'replace').splitlines(True):
+      if not re.search(r'failed call to cuInit: .*\(303\)', line):
+        sys.stderr.write(line)
+  return gpus
 
 
 # ---- One trainer per directory -------------------------------------------------
@@ -165,9 +200,9 @@ def read_state_file(train_dir):
   state_file = os.path.join(train_dir, STATE_FILE)
   if not os.path.exists(state_file):
     return None
-  fix = ('Fix or remove it (it names the latest %s-<step> as model_checkpoint_path: '
-         '"%s-<step>"), or pass --fresh to start from step 0.'
-         % (CHECKPOINT_PREFIX, CHECKPOINT_PREFIX))
+  fix = ('Fix it (its first line names the latest checkpoint: model_checkpoint_path: '
+         '"%s-<step>"), or remove it; to train from step 0 instead, pass the trainer '
+         '--fresh.' % CHECKPOINT_PREFIX)
   try:
     with open(state_file, 'rb') as f:
       text = f.read().decode('utf-8')
@@ -183,7 +218,7 @@ def read_state_file(train_dir):
   return paths
 
 
-def _in_this_dir(train_dir, path, notes):
+def in_this_dir(train_dir, path, notes):
   """Where a path from the state file is, looking in train_dir first.
 
   A state file written with absolute paths (older versions of this trainer, or
@@ -222,7 +257,7 @@ def checkpoint_to_resume(train_dir):
   named = read_state_file(train_dir) if os.path.isdir(train_dir) else None
   if named is None:
     return _newest_whole_checkpoint(train_dir)
-  paths = [_in_this_dir(train_dir, p, notes) for p in named]
+  paths = [in_this_dir(train_dir, p, notes) for p in named]
   path = paths[0]
   try:
     step = read_whole(path)
@@ -255,6 +290,13 @@ def _newest_whole_checkpoint(train_dir):
   raise TrainingError(
       '%s holds checkpoints but none reads whole: %s. Pass --fresh to set them aside '
       'and start from step 0.' % (train_dir, '; '.join(skipped)))
+
+
+def restore_error(e):
+  """What a failed restore says, down to the variable it names, on one line."""
+  text = ' '.join(str(e).split())
+  named = re.search(r'(Key \S+ not found in checkpoint|[^.]*shape[^.]*\.)', text)
+  return named.group(1).rstrip('.') + '.' if named else text[:300]
 
 
 def make_saver(max_to_keep, var_list=None):
@@ -291,14 +333,16 @@ def save_checkpoint(sess, saver, train_dir, step, last_saved):
     raise TrainingError(
         'cannot write checkpoint %s: %s. Free space or raise the file-size limit '
         '(ulimit -f) for %s, or point --train_dir at a writable disk; %s.'
-        % (path, _os_error(e), train_dir, kept)) from None
+        % (path, _os_error(e, path), train_dir, kept)) from None
 
 
-def _os_error(e):
+def _os_error(e, path):
   """The OS's words in a TensorFlow or Python error: 'File too large', ..."""
   if isinstance(e, OSError) and e.strerror:
     return e.strerror
-  return _one_line(e)
+  # TensorFlow: '... /dir/model.ckpt-4.data-00000-of-00001.tempstate123; File too large'
+  said = re.search(re.escape(path) + r'\S*; ([^\n]+)', str(e))
+  return said.group(1).strip() if said else _one_line(e)
 
 
 def _one_line(e):
