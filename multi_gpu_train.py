@@ -301,12 +301,13 @@ TrainRun = collections.namedtuple('TrainRun', [
 ])
 
 
-def start(train_dir, data_dir, max_steps, synthetic=False, data_url=None, data_md5=None,
-          fresh=False):
+def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=None,
+          data_md5=None, fresh=False):
   """Checks, lock and resume point: everything that can stop a run before it starts.
 
   Nothing is created or moved until every check has passed: a run that cannot
-  start leaves no directory behind.
+  start leaves no directory behind. The lock on train_dir is released when
+  exit_stack (a contextlib.ExitStack) closes.
 
   Returns:
     a TrainRun, or None when train_dir's checkpoint is already at max_steps.
@@ -314,7 +315,9 @@ def start(train_dir, data_dir, max_steps, synthetic=False, data_url=None, data_m
   if os.path.exists(train_dir) and not os.path.isdir(train_dir):
     raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
                         'at a directory (it is created if missing).' % train_dir)
-  lock = training_run.lock_train_dir(train_dir) if os.path.isdir(train_dir) else None
+  lock = None
+  if os.path.isdir(train_dir):  # before reading its checkpoints
+    lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
   checkpoint, start_step, kept, notes = (
       (None, 0, [], []) if fresh else training_run.checkpoint_to_resume(train_dir))
   for note in notes:
@@ -331,7 +334,7 @@ def start(train_dir, data_dir, max_steps, synthetic=False, data_url=None, data_m
     except OSError as e:
       raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
                           'can write to.' % (train_dir, e.strerror)) from None
-    lock = training_run.lock_train_dir(train_dir)
+    lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
   if fresh:  # last of the checks: nothing moves unless the run can start
     training_run.set_aside(train_dir)
   return TrainRun(train_dir, lock, checkpoint, start_step, kept)
@@ -347,25 +350,27 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
     stop: a training_run.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, saves, and training_run.Stopped is raised.
   """
-  run = start(train_dir, data_dir, max_steps, synthetic, data_url, data_md5, fresh)
-  if run is None:
-    return
-  devices, num_cpu_devices, where = tower_devices(num_gpus)
-  with tf.Graph().as_default():
-    with tf.device('/cpu:0'):
-      if synthetic:
-        dataset = cifar10_input.synthetic_dataset(batch_size)
-      else:
-        dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
-      iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-    graph = build_train_graph(iterator.get_next, devices, batch_size, async_towers,
-                              summaries=summary_steps > 0)
-    print_start(graph, where, num_gpus, batch_size, async_towers,
-                'synthetic' if synthetic else data_dir)
-    config = session_config(num_cpu_devices, **(config_options or {}))
-    with open_session(run, config) as (sess, saver):
-      loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
-           save_every_n_steps, stop or NEVER)
+  with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
+    run = start(exit_stack, train_dir, data_dir, max_steps, synthetic, data_url, data_md5,
+                fresh)
+    if run is None:
+      return
+    devices, num_cpu_devices, where = tower_devices(num_gpus)
+    with tf.Graph().as_default():
+      with tf.device('/cpu:0'):
+        if synthetic:
+          dataset = cifar10_input.synthetic_dataset(batch_size)
+        else:
+          dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
+        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+      graph = build_train_graph(iterator.get_next, devices, batch_size, async_towers,
+                                summaries=summary_steps > 0)
+      print_start(graph, where, num_gpus, batch_size, async_towers,
+                  'synthetic' if synthetic else data_dir)
+      config = session_config(num_cpu_devices, **(config_options or {}))
+      with open_session(run, config) as (sess, saver):
+        loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
+             save_every_n_steps, stop or NEVER)
 
 
 def print_start(graph, where, num_gpus, batch_size, async_towers, source):

@@ -234,6 +234,8 @@ def in_this_dir(train_dir, path, notes):
     notes.append('%s names %s; using %s in this directory.'
                  % (os.path.join(train_dir, STATE_FILE), path, local))
     return local
+  notes.append('%s names %s, outside this directory, and this directory has no file of '
+               'that name: reading that one.' % (os.path.join(train_dir, STATE_FILE), path))
   return path
 
 
@@ -245,8 +247,8 @@ def checkpoint_to_resume(train_dir):
   files and its state file), the newest checkpoint on disk that reads whole.
 
   Returns:
-    (path, global step, the state file's other checkpoints that still exist,
-     oldest first, for the Saver's rotation, notes to print), or
+    (path, global step, the state file's checkpoints in train_dir that still
+     exist, oldest first, for the Saver's rotation, notes to print), or
     (None, 0, [], []) for a directory with no checkpoint.
 
   Raises:
@@ -266,8 +268,10 @@ def checkpoint_to_resume(train_dir):
         'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
         'older %s-<step> in that directory, or pass --fresh to start from step 0.'
         % (path, os.path.join(train_dir, STATE_FILE), e, CHECKPOINT_PREFIX)) from None
-  older = [p for p in reversed(paths[1:]) if os.path.exists(p + '.index')]
-  return path, step, older + [path], notes
+  # Only this directory's own files: the Saver deletes the oldest of these.
+  kept = [p for p in reversed(paths) if os.path.exists(p + '.index') and
+          os.path.dirname(p) == os.path.dirname(os.path.join(train_dir, 'x'))]
+  return path, step, kept, notes
 
 
 def _newest_whole_checkpoint(train_dir):
