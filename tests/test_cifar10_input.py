@@ -3,6 +3,7 @@ import contextlib
 import functools
 import http.server
 import os
+import subprocess
 import tarfile
 import threading
 
@@ -147,7 +148,7 @@ def test_download_checksum_mismatch_refused_and_no_partial_file(tmp_path):
     cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
                                              '0' * 32)
   assert 'expected ' + '0' * 32 in str(e.value) and '--data_md5' in str(e.value)
-  assert _tree(data_dir) == []  # no archive, no .part file, no extracted files
+  assert not os.path.exists(data_dir)  # no archive, no .part file, no extracted files
 
 
 def _link(name, target, kind=tarfile.SYMTYPE):
@@ -235,4 +236,80 @@ def test_download_unreachable_url_names_it_and_leaves_no_file(tmp_path, case):
     target = url + 'cifar-10-binary.tar.gz'
     with pytest.raises(cifar10_input.DataError, match='cannot download ' + target):
       cifar10_input.maybe_download_and_extract(str(data_dir), target, '0' * 32)
-  assert _tree(data_dir) == []
+  assert not os.path.exists(data_dir)  # created for the download, removed with it
+
+
+# ---- Bad data found before training ------------------------------------------------
+
+def _bin(data_dir, name):
+  return os.path.join(cifar10_input.batches_dir(str(data_dir)), name)
+
+
+@pytest.mark.parametrize('label', [10, 255])
+def test_check_data_files_label_out_of_range_names_file_record_and_value(tmp_path, label):
+  cifar10_input.write_sample(str(tmp_path), records_per_file=8)
+  path = _bin(tmp_path, 'data_batch_4.bin')
+  data = bytearray(open(path, 'rb').read())
+  data[5 * cifar10_input.RECORD_BYTES] = label  # record 5's label byte
+  open(path, 'wb').write(bytes(data))
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.check_data_files([_bin(tmp_path, f) for f in cifar10_input.TRAIN_FILES])
+  assert '%s record 5 has label %d; CIFAR-10 labels are 0..9 (1 of its 8 records' % (
+      path, label) in str(e.value)
+
+
+def test_official_md5_requires_10000_records_per_file(tmp_path):
+  cifar10_input.write_sample(str(tmp_path), records_per_file=8)  # cut on a record boundary
+  with pytest.raises(cifar10_input.DataError,
+                     match=r'data_batch_1.bin holds 8 records; each file of the official '
+                           r'archive holds 10000.*pass its md5 as --data_md5'):
+    cifar10_input.maybe_download_and_extract(str(tmp_path))  # the official md5
+
+
+def test_own_copy_record_counts_are_printed(tmp_path, capsys):
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=8)
+  cifar10_input.maybe_download_and_extract(str(tmp_path), data_md5=md5)
+  out = capsys.readouterr().out
+  assert 'CIFAR-10 copy with md5 %s in %s: data_batch_1.bin 8 records' % (
+      md5, cifar10_input.batches_dir(str(tmp_path))) in out
+  assert 'test_batch.bin 8 records' in out
+
+
+@pytest.mark.parametrize('damage', ['missing', 'short'])
+def test_damaged_extracted_file_extracted_again_from_verified_archive(tmp_path, capsys,
+                                                                     damage):
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=8)
+  path = _bin(tmp_path, 'data_batch_2.bin')
+  original = open(path, 'rb').read()
+  if damage == 'missing':
+    os.remove(path)
+  else:
+    open(path, 'wb').write(original[:-cifar10_input.RECORD_BYTES // 2])
+  cifar10_input.maybe_download_and_extract(  # nothing listens there: no download
+      str(tmp_path), 'http://127.0.0.1:9/cifar-10-binary.tar.gz', md5)
+  out = capsys.readouterr().out
+  assert 'data_batch_2.bin' in out and 'Extracting it again from the verified archive' in out
+  assert open(path, 'rb').read() == original
+  assert _tree(tmp_path) == sorted(['cifar-10-binary.tar.gz'] + [
+      os.path.join(cifar10_input.BATCHES_DIR, f)
+      for f in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES])
+
+
+def test_leftovers_of_killed_extraction_removed_only_for_dead_processes(tmp_path, capsys):
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=4)
+  dead = subprocess.Popen(['true'])
+  dead.wait()  # a PID that no longer runs
+  killed = tmp_path / ('.extract-%d-abc' % dead.pid)
+  (killed / 'cifar-10-batches-bin').mkdir(parents=True)
+  part = tmp_path / ('.cifar-10-binary.tar.gz.%d.xyz.part' % dead.pid)
+  part.write_bytes(b'half')
+  running = tmp_path / ('.extract-%d-def' % os.getpid())  # a live extraction: left alone
+  running.mkdir()
+  users = tmp_path / '.extract-notes'  # not ours: left alone
+  users.mkdir()
+  cifar10_input.maybe_download_and_extract(str(tmp_path), data_md5=md5)
+  out = capsys.readouterr().out
+  assert 'Removing %s, left by an interrupted download or extraction (process %d)' % (
+      killed, dead.pid) in out
+  assert not killed.exists() and not part.exists()
+  assert running.exists() and users.exists()

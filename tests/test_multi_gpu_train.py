@@ -2,6 +2,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,7 @@ def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path):
     ('truncate', 'data_batch_2.bin has 184379 bytes; expected a non-zero multiple of 3073'),
     ('empty', 'data_batch_2.bin has 0 bytes'),
     ('missing', 'data_batch_2.bin is missing'),
+    ('label', 'data_batch_2.bin record 3 has label 10; CIFAR-10 labels are 0..9'),
 ])
 def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, message):
   sample = conftest.write_sample(tmp_path, records_per_file=60)
@@ -158,11 +160,27 @@ def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, 
     path.write_bytes(path.read_bytes()[:-1])
   elif damage == 'empty':
     path.write_bytes(b'')
+  elif damage == 'label':
+    data = bytearray(path.read_bytes())
+    data[3 * 3073] = 10
+    path.write_bytes(bytes(data))
   else:
     path.unlink()
   code, out, err = _cli(*sample.flags, '--train_dir=%s' % (tmp_path / 't'), '--max_steps=5')
-  assert code == 1 and message in err, err
+  assert code == 1 and message in err.splitlines()[-1], err
+  assert 'Traceback' not in err
   assert _steps(out) == [] and not os.path.exists(tmp_path / 't')  # nothing created
+
+
+def test_cli_failed_download_leaves_no_directories(tmp_path):
+  with socket.socket() as s:  # a free port on 127.0.0.1 that nothing listens on
+    s.bind(('127.0.0.1', 0))
+    url = 'http://127.0.0.1:%d/cifar-10-binary.tar.gz' % s.getsockname()[1]
+  code, out, err = _cli('--data_url=' + url, '--data_dir=%s' % (tmp_path / 'data'),
+                        '--train_dir=%s' % (tmp_path / 'train'), '--max_steps=5')
+  assert code == 1 and 'error: cannot download %s' % url in err, err
+  assert 'python cifar10_input.py --write_sample=' in err  # the offline way in
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize('flag, message', [
