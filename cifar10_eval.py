@@ -6,7 +6,8 @@
 Builds the inference graph from code, restores the moving-average (shadow) values
 of the trainer's latest checkpoint into it, and scores every record of the test
 set (or, with --eval_data=train_eval, of the training set) exactly once.
-The original tutorial reports about 86% after 100K steps on one GPU, batch 128.
+The original tutorial reports precision @ 1 of about 0.86 after 100K steps on one
+GPU, batch 128. Without the data set: python cifar10_input.py --write_sample=DIR.
 
 It only reads --checkpoint_dir: it never writes, locks or deletes the trainer's
 files. Results go to stdout and to TensorBoard event files in --eval_dir.

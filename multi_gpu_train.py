@@ -8,7 +8,7 @@ averaged on the CPU and applied once, so one step over 4 towers of 128 images is
 one SGD step on a batch of 512. With fewer GPUs than --num_gpus the towers run on
 virtual CPU devices instead (start-up says so).
 
-Expect, as in the original tutorial: about 86% precision @ 1 on the test set
+Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 (cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
 Speed on a 2-core CPU without GPUs: about 1,450 examples/sec with 1, 2 or 4 towers
 (benchmarks/benchmark.py; README "Performance").

@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 import cifar10_input
+import conftest
 import multi_gpu_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,6 +85,32 @@ def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
               and 'cross_entropy' not in t]
 
 
+def _tensorboard_steps(directory, tag):
+  """Steps at which TensorBoard's own reader finds `tag` in the directory's event files."""
+  steps = []
+  for path in sorted(glob.glob(os.path.join(directory, 'events.out.tfevents.*'))):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    assert tag in events.Tags()['scalars'], (path, events.Tags())
+    steps.append([event.step for event in events.Scalars(tag)])
+  return steps
+
+
+def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(trained):
+  # 400 steps, summaries every 50: the variables at steps 0, 50, ..., 350, then the end.
+  assert _tensorboard_steps(trained[1], 'total_loss') == [list(range(0, 400, 50)) + [400]]
+  for tag in ('learning_rate', 'tower_1/cross_entropy', 'conv1/sparsity'):
+    assert _tensorboard_steps(trained[1], tag) == [list(range(0, 400, 50)) + [400]]
+
+
+def test_resumed_run_stopping_before_next_summary_step_still_writes_one(tmp_path):
+  sample = conftest.write_sample(tmp_path / 'data', records_per_file=20)
+  for max_steps in (7, 9):
+    multi_gpu_train.train(str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8,
+                          max_steps=max_steps, summary_steps=5, data_md5=sample.md5)
+  assert _tensorboard_steps(str(tmp_path / 'train'), 'total_loss') == [[0, 5, 7], [9]]
+
+
 def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained):
   reader = tf.train.load_checkpoint(trained[1])
   weights = reader.get_tensor('local4/weights')
@@ -107,6 +135,8 @@ def test_eval_without_run_once_waits_for_a_checkpoint_saying_so(tmp_path):
                            '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'],
                           stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
   try:
+    line = proc.stdout.readline()
+    assert line.startswith('CIFAR-10 copy with md5 %s' % md5), line  # a copy of our own
     line = proc.stdout.readline()
     assert line.startswith('No checkpoint in %s yet; checking every 1 s.' % tmp_path), line
     assert proc.poll() is None  # still waiting

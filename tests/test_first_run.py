@@ -1,0 +1,66 @@
+"""What a new user meets first: the sample data set, the help text, a clean start-up."""
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_SECS = 120
+
+
+def _run(argv):
+  done = subprocess.run([sys.executable] + argv, capture_output=True, text=True,
+                        timeout=TIMEOUT_SECS, cwd=ROOT)
+  return done.returncode, done.stdout, done.stderr
+
+
+def test_write_sample_cli_writes_real_layout_and_its_commands_run(tmp_path):
+  sample_dir = tmp_path / 'sample'
+  code, out, err = _run(['cifar10_input.py', '--write_sample=%s' % sample_dir,
+                         '--records_per_file=20'])
+  assert code == 0, err
+  names = sorted(os.listdir(sample_dir / 'cifar-10-batches-bin'))
+  assert names == ['data_batch_%d.bin' % i for i in range(1, 6)] + ['test_batch.bin']
+  for name in names:
+    data = (sample_dir / 'cifar-10-batches-bin' / name).read_bytes()
+    assert len(data) == 20 * 3073 and max(data[::3073]) <= 9  # 20 records, labels 0..9
+
+  # The commands it prints run as printed (the trainer's steps cut to 2: the last
+  # --max_steps given wins).
+  train, evaluate = [shlex.split(line.strip())[1:] for line in out.splitlines()
+                     if line.startswith('  python ')]
+  assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
+  code, out, err = _run(train + ['--max_steps=2', '--batch_size=8'])
+  assert code == 0 and 'step 1, loss = ' in out and 'model.ckpt-2' in out, err
+  code, out, err = _run(evaluate)
+  assert code == 0 and 'precision @ 1 = ' in out and '20 test records' in out, err
+
+  # A second sample into the same directory overwrites nothing.
+  before = {p: os.path.getmtime(p) for p in glob.glob(str(sample_dir / '**'),
+                                                      recursive=True)}
+  code, out, err = _run(['cifar10_input.py', '--write_sample=%s' % sample_dir])
+  assert code == 1 and 'already exists; nothing was written' in err, err
+  assert {p: os.path.getmtime(p) for p in before} == before
+
+
+@pytest.mark.parametrize('script', ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py'])
+def test_helpshort_shows_the_docstring_verbatim(script):
+  with open(os.path.join(ROOT, script)) as f:
+    as_written = f.read().split('"""')[1]  # the source text: a '\\' line end stays one
+  _, out, _ = _run([script, '--helpshort'])  # absl's help exits 1
+  assert as_written.strip() in out, out  # no '%' read as a format, no lost line breaks
+
+
+@pytest.mark.skipif(bool(glob.glob('/dev/nvidia[0-9]*')), reason='this machine has a GPU '
+                    'driver: the line is a real error here, and is shown')
+def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
+  code, out, err = _run(['multi_gpu_train.py', '--synthetic', '--max_steps=1',
+                         '--batch_size=8', '--train_dir=%s' % tmp_path])
+  assert code == 0, err
+  assert 'step 1, loss = ' in out
+  assert not [line for line in err.splitlines()
+              if re.match(r'E\d{4} ', line) or 'cuInit' in line or 'rror' in line], err
