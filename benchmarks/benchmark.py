@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -49,10 +50,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)                        # multi_gpu_train, cifar10, cifar10_input
-sys.path.insert(0, os.path.join(ROOT, 'tests'))  # cifar10_data: files in the real layout
-
-import cifar10_data  # noqa: E402  numpy only; TensorFlow is imported by the workers
+sys.path.insert(0, ROOT)  # multi_gpu_train, cifar10, cifar10_input: imported by the workers
+BATCHES_DIR = 'cifar-10-batches-bin'  # cifar10_input's; this parent imports no TensorFlow
 
 # ---- Benchmark knobs: edit, save, rerun -----------------------------------------
 TOWERS = '1,2,4'                  # tower counts of the table, one row each
@@ -694,11 +693,19 @@ def parse_args(argv):
       parser.error('--%s must be 0 or more, got %d' % (name, getattr(args, name)))
   if min(args.towers) < 1:
     parser.error('--towers must all be at least 1, got %s' % args.towers)
-  if args.data_dir and not os.path.isdir(os.path.join(args.data_dir,
-                                                      cifar10_data.BATCHES_DIR)):
+  if args.data_dir and not os.path.isdir(os.path.join(args.data_dir, BATCHES_DIR)):
     parser.error('--data_dir %s has no %s/ directory; pass the directory that holds it'
-                 % (args.data_dir, cifar10_data.BATCHES_DIR))
+                 % (args.data_dir, BATCHES_DIR))
   return args
+
+
+def write_sample(data_dir, records_per_file):
+  """The product's sample writer (cifar10_input.py --write_sample); returns the md5."""
+  done = subprocess.run([sys.executable, os.path.join(ROOT, 'cifar10_input.py'),
+                         '--write_sample=' + data_dir,
+                         '--records_per_file=%d' % records_per_file],
+                        capture_output=True, text=True, check=True)
+  return re.search(r'archive md5 (\w+)', done.stdout).group(1)
 
 
 def main(argv):
@@ -722,8 +729,7 @@ def main(argv):
     data_dir = args.data_dir
     if not data_dir and ('table' in modes or 'knobs' in modes):
       data_dir = tmp_dir
-      # Random pixels: the pipeline's cost does not depend on what the images show.
-      cifar10_data.write_dataset(data_dir, args.records_per_file, learnable=False)
+      write_sample(data_dir, args.records_per_file)
       print('real input: generated %d records per file in %s (removed at the end)'
             % (args.records_per_file, data_dir), flush=True)
     try:

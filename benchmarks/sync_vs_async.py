@@ -19,9 +19,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'tests'))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 
-import cifar10_data  # noqa: E402
+from benchmark import write_sample  # noqa: E402  the product's sample writer, run as a user would
 
 # ---- Comparison knobs: edit, save, rerun ----------------------------------------
 TOWERS = 2
@@ -33,7 +33,7 @@ RECORDS_PER_FILE = 2000   # generated learnable records per .bin file
 LINE = re.compile(r': step (\d+), loss = (\d+\.\d+) \((\d+\.\d) examples/sec')
 
 
-def run(mode, data_dir, args):
+def run(mode, data_dir, data_md5, args):
   """One training run from step 0; returns its log lines' rates and last loss."""
   # Sync: a global step is one update of towers x batch images. Async: global_step
   # counts every tower's own update of batch images.
@@ -43,6 +43,7 @@ def run(mode, data_dir, args):
     command = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'),
                '--num_gpus=%d' % args.towers, '--batch_size=%d' % args.batch_size,
                '--max_steps=%d' % max_steps, '--data_dir=' + data_dir,
+               '--data_md5=' + data_md5,
                '--train_dir=' + train_dir, '--summary_steps=0', '--log_frequency=10',
                '--save_every_n_steps=%d' % (max_steps + 1)]
     if mode == 'async':
@@ -70,10 +71,10 @@ def main():
   args = parser.parse_args()
   results = {'sync': [], 'async': []}
   with tempfile.TemporaryDirectory() as data_dir:
-    cifar10_data.write_dataset(data_dir, RECORDS_PER_FILE)
+    data_md5 = write_sample(data_dir, RECORDS_PER_FILE)
     for round_ in range(args.rounds):
       for mode in ('sync', 'async'):
-        results[mode].append(run(mode, data_dir, args))
+        results[mode].append(run(mode, data_dir, data_md5, args))
         print('round %d %-5s %s' % (round_ + 1, mode, results[mode][-1]), flush=True)
   print('\n%d towers x %d images, %d images per run, median of %d rounds'
         % (args.towers, args.batch_size, args.examples, args.rounds))
