@@ -14,9 +14,11 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
+import collections
 import hashlib
 import http.client
 import io
+import itertools
 import posixpath
 import re
 import shutil
@@ -341,7 +343,11 @@ def decode_records(records):
     images: uint8 [batch, 32, 32, 3], height x width x channel (RGB).
     labels: int32 [batch], 0..9.
   """
-  raw = tf.io.decode_raw(records, tf.uint8)  # [batch, 3073]
+  return _split_records(tf.io.decode_raw(records, tf.uint8))
+
+
+def _split_records(raw):
+  """uint8 [batch, 3073] records -> (uint8 [batch, 32, 32, 3] HWC images, int32 labels)."""
   labels = tf.cast(raw[:, 0], tf.int32)
   depth_major = tf.reshape(raw[:, LABEL_BYTES:], [-1, DEPTH, HEIGHT, WIDTH])
   return tf.transpose(depth_major, [0, 2, 3, 1]), labels
@@ -351,6 +357,27 @@ def decode_record(value):
   """One record: uint8 image [32, 32, 3] and int32 label (see decode_records)."""
   images, labels = decode_records(tf.expand_dims(value, 0))
   return images[0], labels[0]
+
+
+# Each image's random values for the tutorial's distortions, one row per image.
+Draws = collections.namedtuple('Draws', [
+    'corners',     # int32 [batch, 2]: the crop's top-left (y, x), each 0..8
+    'flips',       # bool [batch]: mirror left-right
+    'brightness',  # float32 [batch]: added to every pixel, -63..63
+    'contrast',    # float32 [batch]: factor about each channel's mean, 0.2..1.8
+])
+MAX_CORNER = HEIGHT - CROP_SIZE       # 8
+MAX_BRIGHTNESS_DELTA = 63.0           # tf.image.random_brightness's max_delta, as the tutorial
+CONTRAST_RANGE = (0.2, 1.8)           # tf.image.random_contrast's lower and upper
+
+
+def _random_draws(batch):
+  """Fresh values from TensorFlow's random generators: the unseeded pipeline."""
+  return Draws(
+      tf.random.uniform([batch, 2], 0, MAX_CORNER + 1, tf.int32),
+      tf.random.uniform([batch]) < 0.5,
+      tf.random.uniform([batch], -MAX_BRIGHTNESS_DELTA, MAX_BRIGHTNESS_DELTA),
+      tf.random.uniform([batch], *CONTRAST_RANGE))
 
 
 def _distort_batch(records):
@@ -366,23 +393,35 @@ def _distort_batch(records):
     images: float32 [batch, 24, 24, 3], standardised per image.
     labels: int32 [batch].
   """
-  batch = records.shape[0]
-  images, labels = decode_records(records)
+  return _distort(tf.io.decode_raw(records, tf.uint8), _random_draws(records.shape[0]))
+
+
+def _distort(raw, draws):
+  """Crop, flip, brightness, contrast and standardisation of each image, as `draws` say.
+
+  Args:
+    raw: uint8 [batch, 3073] records (static batch size).
+    draws: Draws for the batch.
+
+  Returns:
+    images: float32 [batch, 24, 24, 3], standardised per image.
+    labels: int32 [batch].
+  """
+  batch = raw.shape[0]
+  images, labels = _split_records(raw)
   images = tf.cast(images, tf.float32)
-  # Random 24x24 crop: corner (y, x) uniform in 0..8; 'nearest' at integer
-  # coordinates copies pixels exactly.
-  corners = tf.cast(tf.random.uniform([batch, 2], 0, HEIGHT - CROP_SIZE + 1, tf.int32),
-                    tf.float32)
+  # The 24x24 crop at each corner; 'nearest' at integer coordinates copies pixels exactly.
+  corners = tf.cast(draws.corners, tf.float32)
   boxes = tf.concat([corners, corners + CROP_SIZE - 1], axis=1) / (HEIGHT - 1)
   images = tf.image.crop_and_resize(images, boxes, tf.range(batch), [CROP_SIZE, CROP_SIZE],
                                     method='nearest')
-  flip = tf.random.uniform([batch, 1, 1, 1]) < 0.5
-  images = tf.where(flip, tf.reverse(images, axis=[2]), images)
+  per_image = lambda values: tf.reshape(values, [batch, 1, 1, 1])
+  images = tf.where(per_image(draws.flips), tf.reverse(images, axis=[2]), images)
   # Brightness, then contrast about each channel's mean (tf.image.random_brightness
-  # with max_delta 63 and random_contrast 0.2-1.8, per image).
-  images += tf.random.uniform([batch, 1, 1, 1], -63.0, 63.0)
+  # and random_contrast, per image).
+  images += per_image(draws.brightness)
   mean = tf.reduce_mean(images, axis=[1, 2], keepdims=True)
-  images = (images - mean) * tf.random.uniform([batch, 1, 1, 1], 0.2, 1.8) + mean
+  images = (images - mean) * per_image(draws.contrast) + mean
   images = tf.image.per_image_standardization(images)
   images.set_shape([batch, CROP_SIZE, CROP_SIZE, DEPTH])
   return images, labels
@@ -421,6 +460,83 @@ def distorted_dataset(data_dir, batch_size, distort=True):
   dataset = dataset.map(_distort_batch if distort else _center_batch,
                         num_parallel_calls=tf.data.AUTOTUNE)
   return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def seeded_dataset(data_dir, global_batch, seed, start_step=0):
+  """Training batches that repeat exactly, whatever the towers, and resume exactly.
+
+  Sample i of the run (global batch k holds samples k * global_batch onwards)
+  is sample i mod N of epoch i // N, N the number of records. Each epoch's record
+  order, and each sample's crop, flip, brightness and contrast, are drawn from
+  (seed, epoch) alone. So a global batch holds the same images distorted the same
+  way however it is split into towers, and a run resumed at step k starts at
+  sample k * global_batch at no cost. The records are held in memory (150 MB for
+  CIFAR-10) so that any of them can be picked.
+
+  Args:
+    data_dir: str, holds cifar-10-batches-bin/.
+    global_batch: int, images per step over all towers; split them in order.
+    seed: int >= 0.
+    start_step: int, the global step the run starts from.
+
+  Returns:
+    tf.data.Dataset of (float32 [global_batch, 24, 24, 3], int32 [global_batch]);
+    it holds Python state, so read it with an initializable iterator.
+  """
+  paths = [os.path.join(batches_dir(data_dir), f) for f in TRAIN_FILES]
+  check_data_files(paths)
+  records = np.concatenate([np.fromfile(p, np.uint8).reshape(-1, RECORD_BYTES)
+                            for p in paths])
+  plan = _SeededPlan(len(records), seed)
+
+  def batches():
+    for step in itertools.count(start_step):
+      order, draws = plan.samples(step * global_batch, global_batch)
+      yield (records[order],) + tuple(draws)
+
+  signature = (tf.TensorSpec([global_batch, RECORD_BYTES], tf.uint8),
+               Draws(tf.TensorSpec([global_batch, 2], tf.int32),
+                     tf.TensorSpec([global_batch], tf.bool),
+                     tf.TensorSpec([global_batch], tf.float32),
+                     tf.TensorSpec([global_batch], tf.float32)))
+  dataset = tf.data.Dataset.from_generator(
+      batches, output_signature=(signature[0],) + tuple(signature[1]))
+  dataset = dataset.map(lambda raw, *draws: _distort(raw, Draws(*draws)))
+  return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+class _SeededPlan:
+  """Per epoch, from (seed, epoch): a permutation of the records and each sample's Draws."""
+
+  def __init__(self, num_records, seed):
+    self._num_records, self._seed = num_records, seed
+    self._epoch, self._plan = None, None
+
+  def _epoch_plan(self, epoch):
+    if epoch != self._epoch:
+      n, rng = self._num_records, np.random.default_rng([self._seed, epoch])
+      self._epoch = epoch
+      self._plan = (rng.permutation(n), Draws(
+          rng.integers(0, MAX_CORNER + 1, (n, 2), dtype=np.int32),
+          rng.random(n) < 0.5,
+          rng.uniform(-MAX_BRIGHTNESS_DELTA, MAX_BRIGHTNESS_DELTA, n).astype(np.float32),
+          rng.uniform(*CONTRAST_RANGE, n).astype(np.float32)))
+    return self._plan
+
+  def samples(self, first, count):
+    """Record indices [count] and Draws of samples first .. first + count - 1."""
+    samples = np.arange(first, first + count)
+    order = np.empty(count, np.int64)
+    draws = Draws(np.empty((count, 2), np.int32), np.empty(count, bool),
+                  np.empty(count, np.float32), np.empty(count, np.float32))
+    for epoch in np.unique(samples // self._num_records):
+      here = samples // self._num_records == epoch
+      position = samples[here] % self._num_records
+      epoch_order, epoch_draws = self._epoch_plan(epoch)
+      order[here] = epoch_order[position]
+      for out, values in zip(draws, epoch_draws):
+        out[here] = values[position]
+    return order, draws
 
 
 def distorted_inputs(data_dir, batch_size):

@@ -71,6 +71,9 @@ flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s 
                    'this process takes (per_process_gpu_memory_fraction); 0: no cap.')
 flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
 flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
+flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, record order, '
+                     'distortions) so that the same command repeats exactly, whatever '
+                     'the towers, and a resumed run equals an uninterrupted one.')
 
 TrainingError = training_run.TrainingError
 
@@ -342,13 +345,15 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
 
 def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
           summary_steps=SUMMARY_STEPS, save_every_n_steps=SAVE_EVERY_N_STEPS,
-          async_towers=False, synthetic=False,
-          data_url=None, data_md5=None, fresh=False, config_options=None, stop=None):
+          async_towers=False, synthetic=False, data_url=None, data_md5=None, fresh=False,
+          config_options=None, seed=None, stop=None, flag_values=None):
   """Trains until global step max_steps, resuming from train_dir's latest checkpoint.
 
   Args:
+    seed: int >= 0 for a run that repeats exactly (see input_pipeline), or None.
     stop: a training_run.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, saves, and training_run.Stopped is raised.
+    flag_values: dict, the command line's flags, for the run record.
   """
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
     run = start(exit_stack, train_dir, data_dir, max_steps, synthetic, data_url, data_md5,
@@ -356,38 +361,93 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
     if run is None:
       return
     devices, num_cpu_devices, where = tower_devices(num_gpus)
+    record = run_record(flag_values, seed, devices, run.start_step)
+    print('Run record: %s' % training_run.write_run_record(train_dir, record))
     with tf.Graph().as_default():
-      with tf.device('/cpu:0'):
-        if synthetic:
-          dataset = cifar10_input.synthetic_dataset(batch_size)
-        else:
-          dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
-        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-      graph = build_train_graph(iterator.get_next, devices, batch_size, async_towers,
+      if seed is not None:
+        tf.compat.v1.set_random_seed(seed)  # the initial weights
+        tf.config.experimental.enable_op_determinism()
+      next_batch, input_init = input_pipeline(data_dir, num_gpus, batch_size, synthetic,
+                                              seed, run.start_step)
+      graph = build_train_graph(next_batch, devices, batch_size, async_towers,
                                 summaries=summary_steps > 0)
       print_start(graph, where, num_gpus, batch_size, async_towers,
-                  'synthetic' if synthetic else data_dir)
+                  'synthetic' if synthetic else data_dir, seed)
       config = session_config(num_cpu_devices, **(config_options or {}))
-      with open_session(run, config) as (sess, saver):
+      with open_session(run, config, input_init) as (sess, saver):
         loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
-             save_every_n_steps, stop or NEVER)
+             save_every_n_steps, stop or NEVER, record)
 
 
-def print_start(graph, where, num_gpus, batch_size, async_towers, source):
+def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
+                   start_step=0):
+  """The one input pipeline that every tower draws from, on the CPU.
+
+  With a seed, each step reads one global batch, fixed by (seed, global step)
+  alone, and cuts it into the towers' batches in tower order: the same images,
+  distorted the same way, whatever the number of towers, and a resumed run reads
+  on from start_step exactly. (Towers dequeuing their own batches would race
+  for them.) Without a seed, each tower dequeues its own batch, shuffled and
+  distorted afresh on every run.
+
+  Returns:
+    (next_batch: callable giving the next tower's (images float32 [batch_size,
+     24, 24, 3], labels int32 [batch_size]), called once per tower; the op that
+     starts the pipeline, to run once in the session).
+  """
+  with tf.device('/cpu:0'):
+    if seed is not None and not synthetic:
+      dataset = cifar10_input.seeded_dataset(data_dir, batch_size * num_gpus, seed,
+                                             start_step)
+      iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+      images, labels = iterator.get_next()
+      towers = iter(list(zip(tf.split(images, num_gpus), tf.split(labels, num_gpus))))
+      return lambda: next(towers), iterator.initializer
+    if synthetic:
+      dataset = cifar10_input.synthetic_dataset(batch_size)
+    else:
+      dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
+    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    return iterator.get_next, iterator.initializer
+
+
+def run_record(flag_values, seed, devices, start_step):
+  """What this run used: flags, every constant of the trainer, model and reader.
+
+  Constants are read when the run starts, so a constant edited between two runs
+  shows in their records.
+  """
+  return collections.OrderedDict([
+      ('command', ' '.join(sys.argv)),
+      ('started', datetime.datetime.now().isoformat(timespec='seconds')),
+      ('start_step', start_step),
+      ('seed', seed),
+      ('flags', flag_values or {}),
+      ('constants', {'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__]),
+                     'cifar10/model.py': training_run.constants_of(cifar10),
+                     'cifar10_input.py': training_run.constants_of(cifar10_input)}),
+      ('tensorflow', tf.__version__),
+      ('devices', devices),
+  ])
+
+
+def print_start(graph, where, num_gpus, batch_size, async_towers, source, seed=None):
   """The start-up lines: devices, global batch, parameters, learning-rate schedule."""
   num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
   print('TensorFlow %s; %s' % (tf.__version__, where))
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       batch_size * num_gpus, batch_size, num_gpus,
       ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
-  print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s' % (
+  print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s%s' % (
       graph['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
-      graph['examples_per_update'], cifar10.NUM_EPOCHS_PER_DECAY, source))
+      graph['examples_per_update'], cifar10.NUM_EPOCHS_PER_DECAY, source,
+      '' if seed is None else '; seed %d: this run repeats exactly' % seed))
 
 
 @contextlib.contextmanager
-def open_session(run, config):
-  """A session with the variables restored from run.checkpoint, or initialised.
+def open_session(run, config, input_init):
+  """A session with the variables restored from run.checkpoint, or initialised,
+  and the input pipeline started (input_init).
 
   Yields:
     (session, Saver that continues the rotation of run.kept).
@@ -409,6 +469,7 @@ def open_session(run, config):
     else:
       sess.run(init)
       print('Starting from step 0 in %s' % run.train_dir)
+    sess.run(input_init)
     sys.stdout.flush()
     yield sess, saver
 
@@ -421,7 +482,7 @@ NEVER = _Never()  # the stop signal of a run nobody can interrupt (tests)
 
 
 def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
-         save_every_n_steps, stop):
+         save_every_n_steps, stop, record):
   """The step loop: run, check, log, summarise, save; then the last save."""
   train_ops, loss, global_step = graph['train_ops'], graph['loss'], graph['global_step']
   async_towers = len(train_ops) > 1
@@ -431,6 +492,8 @@ def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
   writer = tf.compat.v1.summary.FileWriter(
       run.train_dir, sess.graph if not run.checkpoint else None) if summary_steps else None
   save = functools.partial(_save, sess, saver, all_finite, run.train_dir)
+  if writer:  # runs compared side by side in TensorBoard say what differed
+    writer.add_summary(training_run.text_summary('run_record', record), run.start_step)
 
   # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
   # Every applied update takes one from this budget, so async towers together
@@ -550,6 +613,12 @@ def check_flags(also_positive=()):
                'save_every_n_steps') + tuple(also_positive):
     if getattr(FLAGS, name) < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
+  if FLAGS.seed is not None and FLAGS.seed < 0:
+    sys.exit('error: --seed must be 0 or more, got %d' % FLAGS.seed)
+  if FLAGS['seed'].present and FLAGS['async_towers'].present and FLAGS.async_towers:
+    sys.exit('error: --seed cannot repeat an --async_towers run: the towers race for the '
+             'shared variables by design, so the order of updates differs from run to run. '
+             'Drop one of the two.')
   for name in ('summary_steps', 'intra_op_threads', 'inter_op_threads'):
     if getattr(FLAGS, name) < 0:
       sys.exit('error: --%s must be 0 or more, got %d' % (name, getattr(FLAGS, name)))
@@ -576,7 +645,9 @@ def main(argv):
                               gpu_memory_fraction=FLAGS.gpu_memory_fraction,
                               intra_op_threads=FLAGS.intra_op_threads,
                               inter_op_threads=FLAGS.inter_op_threads),
-          stop=stop)
+          seed=FLAGS.seed, stop=stop,
+          flag_values={flag.name: flag.value
+                       for flag in FLAGS.get_flags_for_module(sys.argv[0])})
   except (TrainingError, cifar10_input.DataError) as e:
     sys.exit('error: %s' % e)
   except training_run.Stopped as e:  # train() has saved and said so

@@ -13,6 +13,7 @@ message that names the path, what is wrong and what to do.
 import errno
 import fcntl
 import glob
+import json
 import os
 import shutil
 import re
@@ -26,7 +27,7 @@ import tensorflow as tf
 CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
 STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
 LOCK_FILE = '.lock'               # held by the running trainer; holds its PID
-TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*']
+TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
 SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
@@ -105,6 +106,35 @@ def lock_train_dir(train_dir):
   lock.write('%d\n' % os.getpid())
   lock.flush()
   return lock
+
+
+# ---- A record of each run ------------------------------------------------------
+
+def constants_of(module):
+  """The module's UPPER_CASE constants of plain types: {name: value}."""
+  return {name: value for name, value in sorted(vars(module).items())
+          if name.isupper() and isinstance(value, (bool, int, float, str, list, tuple))}
+
+
+def write_run_record(train_dir, record):
+  """Writes `record` (a dict) as train_dir/run-<date>-<time>-step<N>.json; returns the path."""
+  path = os.path.join(train_dir, 'run-%s-step%d.json' % (time.strftime('%Y%m%d-%H%M%S'),
+                                                         record.get('start_step', 0)))
+  with open(path + '.tmp', 'w') as f:
+    json.dump(record, f, indent=1)
+    f.write('\n')
+  os.replace(path + '.tmp', path)
+  return path
+
+
+def text_summary(tag, record):
+  """A TensorBoard text summary showing `record` as indented JSON."""
+  text = '\n'.join('    ' + line for line in json.dumps(record, indent=1).splitlines())
+  summary = tf.compat.v1.Summary()
+  value = summary.value.add(tag=tag)
+  value.metadata.plugin_data.plugin_name = 'text'
+  value.tensor.CopyFrom(tf.make_tensor_proto(text))
+  return summary
 
 
 # ---- Stopping on a signal ------------------------------------------------------

@@ -1,0 +1,170 @@
+"""--seed: runs that repeat exactly, whatever the towers, interrupted or not; run records."""
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+import tensorflow as tf
+
+import cifar10
+import conftest
+import multi_gpu_train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_SECS = 120
+# 2 x 32 against 1 x 64 images: the same data, summed in a different order. Measured
+# after 10 steps: 7e-6 in the loss, 2e-5 in the variables; training amplifies the
+# rounding after that (README "Runs that repeat exactly").
+STEPS_TO_COMPARE = 10
+LOSS_ATOL = 2e-5
+VARIABLE_ATOL = 1e-4
+
+
+@pytest.fixture(scope='module')
+def sample(tmp_path_factory):
+  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=40)
+
+
+def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **kwargs):
+  multi_gpu_train.train(str(train_dir), sample.dir, num_gpus=num_gpus,
+                        batch_size=batch_size, max_steps=max_steps, summary_steps=1,
+                        data_md5=sample.md5, seed=seed, **kwargs)
+
+
+def _losses(train_dir):
+  """{step: total_loss} over every event file of the directory, exactly as written."""
+  losses = {}
+  for path in sorted(glob.glob(os.path.join(str(train_dir), 'events.out.tfevents.*'))):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    losses.update((e.step, e.value) for e in events.Scalars('total_loss'))
+  return losses
+
+
+def _variables(train_dir):
+  reader = tf.train.load_checkpoint(str(train_dir))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def _assert_identical(a, b):
+  assert a.keys() == b.keys()
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_same_seed_twice_identical_losses_and_checkpoints(sample, tmp_path):
+  _train(sample, tmp_path / 'a', num_gpus=2)
+  _train(sample, tmp_path / 'b', num_gpus=2)
+  assert sorted(_losses(tmp_path / 'a')) == list(range(7))  # 0..5, and the end
+  assert _losses(tmp_path / 'a') == _losses(tmp_path / 'b')  # bit for bit
+  _assert_identical(_variables(tmp_path / 'a'), _variables(tmp_path / 'b'))
+  _train(sample, tmp_path / 'c', num_gpus=2, seed=8)  # and the seed matters
+  assert _losses(tmp_path / 'c')[1] != _losses(tmp_path / 'a')[1]
+
+
+def _global_batches(sample, num_gpus, batch_size, steps, start_step=0):
+  """The images and labels the towers of a seeded run see, joined in tower order."""
+  with tf.Graph().as_default():
+    next_batch, init = multi_gpu_train.input_pipeline(sample.dir, num_gpus, batch_size,
+                                                      seed=7, start_step=start_step)
+    towers = [next_batch() for _ in range(num_gpus)]
+    images = tf.concat([i for i, _ in towers], 0)
+    labels = tf.concat([l for _, l in towers], 0)
+    with tf.compat.v1.Session() as sess:
+      sess.run(init)
+      return [sess.run([images, labels]) for _ in range(steps)]
+
+
+def test_towers_see_the_same_images_whatever_the_split_and_resume_exactly(sample):
+  two = _global_batches(sample, num_gpus=2, batch_size=32, steps=5)
+  one = _global_batches(sample, num_gpus=1, batch_size=64, steps=5)
+  resumed = _global_batches(sample, num_gpus=2, batch_size=32, steps=2, start_step=3)
+  for (a_images, a_labels), (b_images, b_labels) in zip(two, one):
+    np.testing.assert_array_equal(a_images, b_images)  # crops, flips, brightness, contrast
+    np.testing.assert_array_equal(a_labels, b_labels)
+  for (a_images, _), (b_images, _) in zip(two[3:], resumed):
+    np.testing.assert_array_equal(a_images, b_images)
+  assert not np.array_equal(two[0][0], two[1][0])  # and the batches do change
+
+
+def test_two_towers_of_32_agree_with_one_tower_of_64(sample, tmp_path):
+  _train(sample, tmp_path / 'two', num_gpus=2, batch_size=32, max_steps=STEPS_TO_COMPARE)
+  _train(sample, tmp_path / 'one', num_gpus=1, batch_size=64, max_steps=STEPS_TO_COMPARE)
+  two, one = _losses(tmp_path / 'two'), _losses(tmp_path / 'one')
+  assert sorted(two) == sorted(one) == list(range(STEPS_TO_COMPARE + 1))
+  np.testing.assert_allclose([two[s] for s in sorted(two)], [one[s] for s in sorted(one)],
+                             rtol=0, atol=LOSS_ATOL)
+  assert one[STEPS_TO_COMPARE] < one[0] - 0.5  # it learned: not two frozen models
+  two, one = _variables(tmp_path / 'two'), _variables(tmp_path / 'one')
+  for name in one:
+    np.testing.assert_allclose(two[name], one[name], rtol=0, atol=VARIABLE_ATOL,
+                               err_msg=name)
+
+
+def _cli(sample, train_dir, *extra):
+  return [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--seed=7',
+          '--batch_size=8', '--num_gpus=2', '--summary_steps=0', '--log_frequency=1',
+          '--train_dir=%s' % train_dir] + sample.flags + list(extra)
+
+
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGKILL], ids=['ctrl-c', 'kill-9'])
+def test_interrupted_and_resumed_equals_uninterrupted(sample, tmp_path, sig):
+  done = subprocess.run(_cli(sample, tmp_path / 'whole', '--max_steps=12'),
+                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
+  assert done.returncode == 0, done.stderr
+
+  stop_at = int(np.random.default_rng().integers(4, 11))  # past the first save (step 3)
+  proc = subprocess.Popen(_cli(sample, tmp_path / 'cut', '--max_steps=12',
+                               '--save_every_n_steps=3'),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  try:
+    deadline = time.time() + TIMEOUT_SECS
+    while time.time() < deadline:
+      line = proc.stdout.readline()
+      if re.search(r': step %d, loss' % stop_at, line) or not line:
+        break
+    proc.send_signal(sig)
+    proc.communicate(timeout=TIMEOUT_SECS)
+  finally:
+    proc.kill()
+  # stop_at goes into each message: a failure names the step it stopped at.
+  assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), stop_at
+  done = subprocess.run(_cli(sample, tmp_path / 'cut', '--max_steps=12'),
+                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
+  assert done.returncode == 0 and 'Resuming from' in done.stdout, (stop_at, done.stderr)
+  _assert_identical(_variables(tmp_path / 'whole'), _variables(tmp_path / 'cut'))
+
+
+def test_seed_with_async_towers_refused(sample, tmp_path):
+  done = subprocess.run(_cli(sample, tmp_path, '--async_towers', '--max_steps=2'),
+                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
+  assert done.returncode == 1 and 'error: --seed cannot repeat an --async_towers run' in (
+      done.stderr), done.stderr
+  assert not os.path.exists(tmp_path / 'checkpoint')
+
+
+def test_run_record_holds_an_edited_constant_in_json_and_tensorboard(sample, tmp_path,
+                                                                     monkeypatch, capsys):
+  monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)  # as if edited in the file
+  _train(sample, tmp_path, max_steps=2, seed=3)
+  path = re.search(r'^Run record: (\S+\.json)$', capsys.readouterr().out, re.M).group(1)
+  assert os.path.dirname(path) == str(tmp_path)
+  with open(path) as f:
+    record = json.load(f)
+  assert record['constants']['cifar10/model.py']['INITIAL_LEARNING_RATE'] == 0.05
+  assert record['constants']['multi_gpu_train.py']['KEEP_CHECKPOINTS'] == 5
+  assert record['seed'] == 3 and record['start_step'] == 0
+  assert record['tensorflow'] == tf.__version__ and record['devices'] == ['/cpu:0']
+
+  events = event_accumulator.EventAccumulator(
+      glob.glob(str(tmp_path / 'events.out.tfevents.*'))[0], size_guidance={'tensors': 0})
+  events.Reload()
+  text = tf.make_ndarray(events.Tensors('run_record')[0].tensor_proto).item().decode()
+  assert '"INITIAL_LEARNING_RATE": 0.05' in text
