@@ -119,16 +119,18 @@ REFUSED_FLAGS = {
 }
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set by --local_cluster for its tasks
 
-# TensorFlow's lines that look like errors in every normal --local_cluster run:
-# receives cancelled as the sessions close, rendezvous cleaned up after a step.
-# The relay holds them back and shows them only if a task fails.
+# TensorFlow's lines that look like errors in every normal --local_cluster run: a
+# notice at start-up, rendezvous cleaned up after some steps. The relay holds them
+# back and shows them only if a task fails; so too everything but the workers' own
+# last lines once a worker closes its session (FINAL_LINE): receives and queue runners
+# cancelled as the sessions close, in many forms.
 QUIET_LINES = (
     r'^WARNING: All log messages before absl::InitializeLog\(\) is called are written',
     r'^W\d{4} [\d:.]+ +\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with '
-    r'status: (ABORTED: Cleanup \d+|ABORTED: Stopping remaining executors|CANCELLED: '
-    r'RecvFromRemoteAsync is cancelled)',
-    r'^W\d{4} [\d:.]+ +\d+ grpc_worker_service\.cc:\d+\] RecvTensor cancelled for \d+$',
+    r'status: ABORTED: Cleanup \d+ ',
 )
+FINAL_LINE = re.compile(
+    r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: )')
 # Without an NVIDIA device on this machine, every task says it found no CUDA driver.
 NO_GPU_LINES = (
     r'^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your '
@@ -657,7 +659,7 @@ def loop(sess, run, graph, max_steps, log_frequency, batch_size, step_timeout_se
           '--max_steps to train further.' % (run.who, step, max_steps))
   run_options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   num_towers = len(run.devices)
-  local_step = 0
+  local_step, last_shown = 0, step
   while step < max_steps and not sess.should_stop() and not stop.requested:
     run.arm_watchdog(step_timeout_secs + WATCHDOG_SLACK_SECS, stuck_step_message(
         run, graph, step_timeout_secs + WATCHDOG_SLACK_SECS))
@@ -673,25 +675,25 @@ def loop(sess, run, graph, max_steps, log_frequency, batch_size, step_timeout_se
     local_step += 1
     # Sync: this worker's gradient goes into the update after the one its token
     # came from; the token it gets back is that of an update already applied.
-    previous, step = step, (step + 1 if graph.sync_replicas else step_after)
+    shown = step + 1 if graph.sync_replicas else step_after
 
     if not np.isfinite(loss_value):
       raise TrainingError(
           'loss is %s at step %d on %s: the model diverged. Lower '
           'INITIAL_LEARNING_RATE (cifar10/model.py) or --batch_size; the chief\'s last '
-          'checkpoint is untouched.' % (loss_value, step, run.who))
-    if step // log_frequency != previous // log_frequency or local_step == 1:
+          'checkpoint is untouched.' % (loss_value, shown, run.who))
+    if shown // log_frequency != last_shown // log_frequency or local_step == 1:
       examples_per_sec = batch_size * num_towers / duration
       sec_per_batch = duration / num_towers
       print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch) '
             '[worker %d, local step %d]' % (
-                datetime.datetime.now(), step, loss_value, examples_per_sec,
+                datetime.datetime.now(), shown, loss_value, examples_per_sec,
                 sec_per_batch, run.task_index, local_step))
       sys.stdout.flush()
-    if graph.sync_replicas:
-      step = step_after
+    step, last_shown = step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
+  print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   if graph.release_workers is not None:
     sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
   return step, local_step
@@ -860,13 +862,14 @@ class Relay:
   """Prints each task's output, line by line, as '[worker1] ...'.
 
   Lines TensorFlow prints in every normal run that look like errors and are not
-  (QUIET_LINES: cancelled receives at shutdown, start-up notices) are held back;
-  show_held() prints them when a task has failed, where they may say why.
+  (QUIET_LINES, and all but FINAL_LINEs once a worker closes its session) are held
+  back; show_held() prints them when a task has failed, where they may say why.
   """
 
   def __init__(self):
     self._lock = threading.Lock()
     self._readers, self._held = [], []
+    self._finishing = False  # a worker closes its session: the others' steps are cancelled
     self._quiet = re.compile('|'.join(QUIET_LINES + (
         [] if glob.glob('/dev/nvidia*') else NO_GPU_LINES)))
 
@@ -878,7 +881,11 @@ class Relay:
   def _relay(self, name, stream):
     held = False  # a held line's continuation lines start with a tab
     for line in stream:
-      held = bool(self._quiet.search(line)) or (held and line.startswith('\t'))
+      final = FINAL_LINE.match(line)
+      held = not final and (self._finishing or bool(self._quiet.search(line)) or
+                            (held and line.startswith('\t')))
+      if final and 'closing the session' in line:
+        self._finishing = True
       with self._lock:
         if held:
           self._held.append('[%s] %s' % (name, line))
