@@ -40,9 +40,9 @@ QUICK_FLAGS = ['--batch_size=8', '--log_frequency=1', '--startup_timeout_secs=60
 class Task:
   """One process, its merged stdout and stderr read line by line as they come."""
 
-  def __init__(self, argv):
+  def __init__(self, argv, env=None):
     self.argv = argv
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
+    env = env or dict(os.environ, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2')
     # Its own process group, so that killing it takes a launcher's tasks along.
     self.process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, bufsize=1,
@@ -101,8 +101,8 @@ class Task:
 def _tasks():
   started = []
 
-  def start(argv):
-    started.append(Task(argv))
+  def start(argv, env=None):
+    started.append(Task(argv, env))
     return started[-1]
   yield start
   for task in started:
@@ -140,6 +140,20 @@ def local_cluster(start, num_ps, num_workers, train_dir, *flags):
     if found:
       by_task.setdefault(found.group(1), []).append(found.group(2))
   return by_task
+
+
+def tasks_of(launcher):
+  """PIDs of the processes a --local_cluster launcher started that are still alive."""
+  marker = ('%s=%d' % (dist_train.DIE_WITH_LAUNCHER_ENV, launcher.process.pid)).encode()
+  pids = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open('/proc/%s/environ' % pid, 'rb') as f:
+        if marker in f.read().split(b'\0'):
+          pids.append(int(pid))
+    except OSError:  # gone meanwhile
+      pass
+  return pids
 
 
 def matches(pattern, lines):
@@ -448,5 +462,172 @@ def test_local_cluster_chief_fails_stops_every_task_and_exits_1(tasks, tmp_path)
   assert '[worker0] error: %s cannot be read as a checkpoint state file' % os.path.join(
       tmp_path, 'checkpoint') in log
   assert 'local cluster: worker0 exited with 1; stopping the other tasks' in log
-  with pytest.raises(ProcessLookupError):  # the ps task and worker 1 are gone too
-    os.killpg(launcher.process.pid, 0)
+  assert tasks_of(launcher) == []  # the ps task and worker 1 are gone too
+
+
+# ---- Help, stops, the train directory lock, the network ---------------------------
+
+
+def test_helpshort_prints_the_docstring_verbatim():
+  _, out, _ = run_cli('--helpshort')  # absl exits 1 after the help
+  # Line breaks kept (the command lines end in a backslash), no % taken as a format.
+  assert dist_train.__doc__.strip() in out
+  assert '--task_index=0 \\\n        --ps_hosts=10.0.0.1:2222' in out
+
+
+def listening_ports(net_dir):
+  """TCP ports in LISTEN state in the network namespace whose /proc net_dir is given."""
+  ports = set()
+  for name in ('tcp', 'tcp6'):
+    with open(os.path.join(net_dir, name)) as f:
+      for line in f.readlines()[1:]:
+        local, _, state = line.split()[1:4]
+        if state == '0A':  # TCP_LISTEN
+          ports.add(int(local.rsplit(':', 1)[1], 16))
+  return ports
+
+
+LOCAL_CLUSTER_LINE = re.compile(r'^local cluster: ps (\S+), workers (\S+)$')
+
+
+@pytest.fixture(scope='module')
+def long_cluster(module_tasks, tmp_path_factory):
+  """1 ps + 1 async worker training far beyond the test, once the first step is logged."""
+  train_dir = str(tmp_path_factory.mktemp('long'))
+  launcher = module_tasks([sys.executable, '-u', DIST_TRAIN, '--local_cluster=1,1',
+                           '--synthetic', '--train_dir=%s' % train_dir, '--max_steps=100000',
+                           '--save_every_n_steps=100000', '--summary_steps=0'] + QUICK_FLAGS)
+  found = launcher.wait_for(LOCAL_CLUSTER_LINE.match, 'the ports')
+  ports = [int(h.rsplit(':', 1)[1]) for h in ','.join(found.groups()).split(',')]
+  launcher.wait_for(lambda line: STEP_LINE.match(line.partition('] ')[2]), 'a first step')
+  return launcher, train_dir, ports
+
+
+@pytest.mark.slow
+def test_local_cluster_ports_listen_only_in_its_private_network(long_cluster):
+  launcher, _, ports = long_cluster
+  refused = [line for line in launcher.lines if 'cannot have a private network' in line]
+  if refused:
+    pytest.skip('this machine refuses network namespaces: %s' % refused[0])
+  # /proc/net is this test's namespace, the machine's; /proc/PID/net the launcher's.
+  assert not set(ports) & listening_ports('/proc/net')
+  assert set(ports) <= listening_ports('/proc/%d/net' % launcher.process.pid)
+  assert (os.readlink('/proc/%d/ns/net' % launcher.process.pid)
+          != os.readlink('/proc/self/ns/net'))
+
+
+@pytest.mark.slow
+def test_second_chief_same_train_dir_exits_naming_it_and_the_first(long_cluster):
+  _, train_dir, _ = long_cluster
+  before = sorted(os.listdir(train_dir))
+  with open(os.path.join(train_dir, '.lock')) as f:
+    holder = int(f.read())
+  ps_port, worker_port = dist_train.free_ports(2)
+  start = time.time()
+  code, out, err = run_cli('--job_name=worker', '--task_index=0', '--synthetic',
+                           '--ps_hosts=127.0.0.1:%d' % ps_port,
+                           '--worker_hosts=127.0.0.1:%d' % worker_port,
+                           '--train_dir=%s' % train_dir)
+  assert code == 1
+  assert time.time() - start < 30  # at once, not after --startup_timeout_secs
+  assert err.strip().splitlines()[-1] == (
+      'error: %s is in use by another trainer (PID %d): two runs in one directory would '
+      'overwrite each other\'s checkpoints. Stop that run, or give this one another '
+      '--train_dir.' % (train_dir, holder))
+  assert 'Traceback' not in err
+  assert sorted(os.listdir(train_dir)) == before
+
+
+@pytest.mark.slow
+def test_local_cluster_sigterm_chief_saves_then_every_task_stops_143(long_cluster):
+  launcher, train_dir, _ = long_cluster
+  assert len(tasks_of(launcher)) == 2
+  launcher.send(signal.SIGTERM)
+  code, log = launcher.finish(timeout=60)
+  assert code == 143
+  [stopped] = re.findall(r'^\[worker0\] Stopped by SIGTERM at step (\d+); rerun the same '
+                         r'command to resume\.$', log, re.M)
+  assert load(train_dir)['global_step'] >= int(stopped) >= 1
+  assert tf.train.latest_checkpoint(train_dir).endswith('model.ckpt-%s' % stopped)
+  assert tasks_of(launcher) == []
+
+
+@pytest.mark.slow
+def test_local_cluster_sync_ctrl_c_chief_saves_then_every_task_stops_130(tasks, tmp_path):
+  launcher = tasks([sys.executable, '-u', DIST_TRAIN, '--local_cluster=1,2', '--synthetic',
+                    '--sync_replicas', '--train_dir=%s' % tmp_path, '--max_steps=100000',
+                    '--summary_steps=0'] + QUICK_FLAGS)
+  for worker in ('worker0', 'worker1'):
+    launcher.wait_for(lambda line: line.startswith('[%s] ' % worker) and STEP_LINE.match(
+        line.partition('] ')[2]), 'a step of %s' % worker)
+  launcher.send(signal.SIGINT)  # what Ctrl-C sends; the tasks have a process group apart
+  start = time.time()
+  code, log = launcher.finish(timeout=60)
+  assert code == 130, log[-3000:]
+  assert time.time() - start < 20
+  [stopped] = re.findall(r'^\[worker0\] Stopped by Ctrl-C at step (\d+); rerun the same '
+                         r'command to resume\.$', log, re.M)
+  assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-%s' % stopped)
+  assert tasks_of(launcher) == []
+
+
+# What TensorFlow's logging and Python tracebacks look like, and words that alarm.
+ERROR_LOOKING = re.compile(r'^[EWF]\d{4} |error|cancel|abort|fail|exception|traceback|'
+                           r'deprecat|warning', re.I)
+
+
+@pytest.mark.slow
+def test_local_cluster_sync_normal_finish_prints_no_error_looking_line(tasks, tmp_path):
+  # As a user runs it: TensorFlow's default log level, no CUDA_VISIBLE_DEVICES.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('TF_CPP_MIN_LOG_LEVEL', 'CUDA_VISIBLE_DEVICES')}
+  launcher = tasks([sys.executable, '-u', DIST_TRAIN, '--local_cluster=1,2', '--synthetic',
+                    '--sync_replicas', '--train_dir=%s' % tmp_path, '--max_steps=20',
+                    '--log_frequency=10', '--batch_size=8'], env=env)
+  code, log = launcher.finish()
+  assert code == 0, log[-3000:]
+  launcher_notices = re.compile('|'.join(dist_train.QUIET_LINES + dist_train.NO_GPU_LINES))
+  alarming = [line for line in log.splitlines() if ERROR_LOOKING.search(
+      line.partition('] ')[2] if TASK_PREFIX.match(line) else line)
+      and not (not TASK_PREFIX.match(line) and launcher_notices.search(line))]
+  assert alarming == []
+  # Loss lines name the global step after the update, as multi_gpu_train.py's: the
+  # first step, then every --log_frequency.
+  for worker in ('worker0', 'worker1'):
+    lines = [line.partition('] ')[2] for line in log.splitlines()
+             if line.startswith('[%s] ' % worker)]
+    [first] = [int(line.rsplit(' ', 1)[1]) for line in lines
+               if ': training from global step ' in line]
+    steps = [int(m.group(1)) for m in matches(STEP_LINE, lines)]
+    assert steps[0] == first + 1, (worker, first, steps)
+    # Then one line per 10 steps, each at the first step past a multiple of 10.
+    assert [s // 10 for s in steps[1:]] == list(range(first // 10 + 1, 3))[:len(steps) - 1]
+    assert all(s % 10 <= 2 and s <= 20 for s in steps[1:]), (worker, steps)
+
+
+@pytest.mark.slow
+def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path):
+  max_steps = 60
+  ps_port, *worker_ports = dist_train.free_ports(3)
+  ps_hosts = ['127.0.0.1:%d' % ps_port]
+  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
+  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path, '--summary_steps=0',
+                         '--max_steps=%d' % max_steps, '--save_every_n_steps=10',
+                         '--startup_timeout_secs=20', '--step_timeout_secs=20']
+
+  def start(job_name, task_index):
+    return tasks(dist_train.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+
+  ps = start('ps', 0)
+  workers = [start('worker', i) for i in range(2)]
+  for worker in workers:
+    worker.wait_for(count_steps(worker, 2), 'two steps')
+  ps.kill()
+  ps = start('ps', 0)
+  for worker in workers:
+    code, log = worker.finish()
+    assert code == 0, log[-3000:]
+    assert ('the session was aborted: a ps task (%s) went away or restarted' % ps_hosts[0]
+            in log)
+    assert matches(DONE_LINE, log.splitlines())[0].group(3) == str(max_steps)
+  assert load(str(tmp_path))['global_step'] == max_steps
