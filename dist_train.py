@@ -36,7 +36,7 @@ the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')  # TensorFlow's INFO lines off the loss lines
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
 import collections
 import contextlib
@@ -1027,4 +1027,5 @@ def main_local_cluster():
 
 
 if __name__ == '__main__':
+  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import cifar10_data
+import conftest
 import dist_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,10 +122,8 @@ def module_tasks():
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('data'))
-  cifar10_data.write_dataset(path, records_per_file=50)
-  return path
+def sample(tmp_path_factory):
+  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=50)
 
 
 def local_cluster(start, num_ps, num_workers, train_dir, *flags):
@@ -246,13 +244,13 @@ def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_no_ps_reachable_exits_within_startup_deadline(tasks, data_dir, tmp_path):
+def test_worker_no_ps_reachable_exits_within_startup_deadline(tasks, sample, tmp_path):
   ps_port, worker_port = dist_train.free_ports(2)  # nothing listens on ps_port
   start = time.time()
   worker = tasks([sys.executable, '-u', DIST_TRAIN, '--job_name=worker', '--task_index=0',
                   '--ps_hosts=127.0.0.1:%d' % ps_port,
                   '--worker_hosts=127.0.0.1:%d' % worker_port,
-                  '--startup_timeout_secs=3', '--data_dir=%s' % data_dir,
+                  '--startup_timeout_secs=3', *sample.flags,
                   '--train_dir=%s' % tmp_path])
   code, log = worker.finish(timeout=60)
   assert code == 1
@@ -360,7 +358,7 @@ def count_steps(task, at_least, start=0):
 
 
 @pytest.mark.slow
-def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks, data_dir,
+def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks, sample,
                                                                            tmp_path):
   """Sync, 3 workers, updates of 2 gradients: one worker is a backup.
 
@@ -373,7 +371,7 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
   ps_port, *worker_ports = dist_train.free_ports(4)
   ps_hosts = ['127.0.0.1:%d' % ps_port]
   worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
-  flags = QUICK_FLAGS + ['--data_dir=%s' % data_dir, '--train_dir=%s' % tmp_path,
+  flags = QUICK_FLAGS + sample.flags + ['--train_dir=%s' % tmp_path,
                          '--sync_replicas', '--replicas_to_aggregate=2',
                          '--max_steps=%d' % max_steps, '--save_every_n_steps=%d' % save_every,
                          '--summary_steps=0']
