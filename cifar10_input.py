@@ -15,8 +15,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
 import collections
-import hashlib
-import http.client
 import io
 import itertools
 import posixpath
@@ -25,12 +23,12 @@ import shutil
 import sys
 import tarfile
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 
 import numpy as np
 import tensorflow as tf
+
+import input_lib
 
 # ---- The data set, as published ---------------------------------------------
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
@@ -54,13 +52,11 @@ CROP_SIZE = 24                        # pixels; the model's IMAGE_SIZE
 
 # ---- Input pipeline knobs -------------------------------------------------------
 SHUFFLE_BUFFER = 20000                # records (61 MB raw): 40% of an epoch, as the tutorial
-DOWNLOAD_TIMEOUT_SECS = 60            # a read that stalls this long stops the download
 SAMPLE_RECORDS_PER_FILE = 1000        # --write_sample: 6 files of 3 MB, learnable in minutes
 EXTRACT_PREFIX = '.extract-'          # + PID: a temporary directory being extracted into
 
 
-class DataError(Exception):
-  """The data set is missing, damaged or unsafe; the message says what to do."""
+DataError = input_lib.DataError  # the data set is missing, damaged or unsafe
 
 
 def batches_dir(data_dir):
@@ -118,67 +114,6 @@ def check_data_files(paths, records_per_file=None):
                                         bad.size, count, os.path.dirname(path)))
     total += count
   return total
-
-
-def _md5(path):
-  digest = hashlib.md5()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
-
-
-def _download(url, archive, md5, expected_bytes):
-  """Streams url to a temporary file beside `archive`, verifies it, renames it.
-
-  On any failure the temporary file is removed and `archive` is not created.
-  """
-  name = os.path.basename(archive)
-  try:
-    fd, tmp_path = tempfile.mkstemp(prefix=_part_prefix(name), suffix='.part',
-                                    dir=os.path.dirname(archive))
-  except OSError as e:
-    raise DataError('cannot write into --data_dir %s: %s. Point --data_dir at a directory '
-                    'you can write to.' % (os.path.dirname(archive), e.strerror)) from None
-  try:
-    digest = hashlib.md5()
-    received = 0
-    with os.fdopen(fd, 'wb') as out, \
-        urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECS) as response:
-      length = response.headers.get('Content-Length')
-      total = int(length) if length else expected_bytes
-      shown = -1
-      for chunk in iter(lambda: response.read(1 << 16), b''):
-        out.write(chunk)
-        digest.update(chunk)
-        received += len(chunk)
-        if total and int(1000 * received / total) != shown:
-          shown = int(1000 * received / total)
-          sys.stdout.write('\r>> Downloading %s %.1f%% (%.1f of %.1f MB)' % (
-              name, shown / 10.0, received / 1e6, total / 1e6))
-          sys.stdout.flush()
-    sys.stdout.write('\n')
-    if length and received != int(length):
-      raise DataError('download of %s stopped after %d of %s bytes; run again to '
-                      'retry.' % (url, received, length))
-    if expected_bytes and received != expected_bytes:
-      raise DataError('%s gave %d bytes; the official archive has %d. Check --data_url, '
-                      'or pass the copy\'s --data_md5.' % (url, received, expected_bytes))
-    if digest.hexdigest() != md5:
-      raise DataError('%s has md5 %s; expected %s. The copy is damaged or different: '
-                      'check --data_url, or pass --data_md5 if you trust this copy.'
-                      % (url, digest.hexdigest(), md5))
-    os.replace(tmp_path, archive)
-  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    os.remove(tmp_path)
-    raise DataError('cannot download %s: %s. Check the network, point --data_url at '
-                    'another copy, or put %s in %s yourself. To try the program without '
-                    'the data set: python cifar10_input.py --write_sample=/tmp/cifar10_sample'
-                    % (url, getattr(e, 'reason', e), name, os.path.dirname(archive))) from e
-  except BaseException:
-    os.remove(tmp_path)
-    raise
-  print('Downloaded %s, %d bytes, md5 %s' % (archive, received, md5))
 
 
 def _extract(archive, data_dir, records_per_file=None):
@@ -258,7 +193,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
     try:
       check_data_files(paths, per_file)
     except DataError as e:
-      if not (os.path.isfile(archive) and _md5(archive) == data_md5):
+      if not (os.path.isfile(archive) and input_lib.md5_of(archive) == data_md5):
         raise
       print('%s Extracting it again from the verified archive %s.'
             % (str(e).split('. ')[0] + '.', archive))
@@ -281,56 +216,29 @@ def _fetch(data_url, data_dir, archive, data_md5, expected_bytes):
   created here and is still empty, if the download fails.
   """
   if os.path.exists(archive):
-    md5 = _md5(archive)
+    md5 = input_lib.md5_of(archive)
     if md5 != data_md5:
       raise DataError('%s is already there but has md5 %s, expected %s. Remove it to '
                       'download it again, or pass --data_md5=%s if it is the copy you '
                       'want.' % (archive, md5, data_md5, md5))
     return
-  created = not os.path.isdir(data_dir)
+  created = input_lib.make_data_dir(data_dir)
   try:
-    os.makedirs(data_dir, exist_ok=True)
-  except OSError as e:
-    raise DataError('cannot create --data_dir %s: %s. Point --data_dir at a directory '
-                    'you can write to.' % (data_dir, e.strerror)) from None
-  try:
-    _download(data_url, archive, data_md5, expected_bytes)
+    input_lib.download(
+        data_url, archive, data_md5, expected_bytes,
+        offline_hint='To try the program without the data set: python cifar10_input.py '
+                     '--write_sample=/tmp/cifar10_sample',
+        mismatch_hint='If you trust this copy, pass its md5 as --data_md5.')
   except BaseException:
-    if created and not os.listdir(data_dir):
-      os.rmdir(data_dir)
+    input_lib.remove_if_empty(data_dir, created)
     raise
 
 
-def _part_prefix(name):
-  """Prefix of the temporary file a download of `name` goes to, with this PID."""
-  return '.%s.%d.' % (name, os.getpid())
-
-
 def _remove_leftovers(data_dir, name):
-  """Removes the temporary files and directories of downloads and extractions
-  that were killed; only this module's own names, and only of dead processes."""
-  for entry in os.listdir(data_dir):
-    found = (re.match(re.escape(EXTRACT_PREFIX) + r'(\d+)-', entry) or
-             re.match(re.escape('.%s.' % name) + r'(\d+)\..*\.part$', entry))
-    if not found or _alive(int(found.group(1))):
-      continue
-    path = os.path.join(data_dir, entry)
-    print('Removing %s, left by an interrupted download or extraction (process %s).'
-          % (path, found.group(1)))
-    if os.path.isdir(path):
-      shutil.rmtree(path)
-    else:
-      os.remove(path)
-
-
-def _alive(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True  # another user's process
-  return True
+  """Temporary names of killed downloads and extractions (see input_lib)."""
+  input_lib.remove_leftovers(data_dir, [
+      re.escape(EXTRACT_PREFIX) + r'(\d+)-',
+      re.escape('.%s.' % name) + r'(\d+)\..*\.part$'])
 
 
 def decode_records(records):
@@ -468,7 +376,7 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   Sample i of the run (global batch k holds samples k * global_batch onwards)
   is sample i mod N of epoch i // N, N the number of records. Each epoch's record
   order, and each sample's crop, flip, brightness and contrast, are drawn from
-  (seed, epoch) alone. So a global batch holds the same images distorted the same
+  (seed, epoch) alone (input_lib.SeededPlan). So a global batch holds the same images distorted the same
   way however it is split into towers, and a run resumed at step k starts at
   sample k * global_batch at no cost. The records are held in memory (150 MB for
   CIFAR-10) so that any of them can be picked.
@@ -487,7 +395,7 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   check_data_files(paths)
   records = np.concatenate([np.fromfile(p, np.uint8).reshape(-1, RECORD_BYTES)
                             for p in paths])
-  plan = _SeededPlan(len(records), seed)
+  plan = input_lib.SeededPlan(len(records), seed, _numpy_draws)
 
   def batches():
     for step in itertools.count(start_step):
@@ -505,38 +413,12 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-class _SeededPlan:
-  """Per epoch, from (seed, epoch): a permutation of the records and each sample's Draws."""
-
-  def __init__(self, num_records, seed):
-    self._num_records, self._seed = num_records, seed
-    self._epoch, self._plan = None, None
-
-  def _epoch_plan(self, epoch):
-    if epoch != self._epoch:
-      n, rng = self._num_records, np.random.default_rng([self._seed, epoch])
-      self._epoch = epoch
-      self._plan = (rng.permutation(n), Draws(
-          rng.integers(0, MAX_CORNER + 1, (n, 2), dtype=np.int32),
-          rng.random(n) < 0.5,
-          rng.uniform(-MAX_BRIGHTNESS_DELTA, MAX_BRIGHTNESS_DELTA, n).astype(np.float32),
-          rng.uniform(*CONTRAST_RANGE, n).astype(np.float32)))
-    return self._plan
-
-  def samples(self, first, count):
-    """Record indices [count] and Draws of samples first .. first + count - 1."""
-    samples = np.arange(first, first + count)
-    order = np.empty(count, np.int64)
-    draws = Draws(np.empty((count, 2), np.int32), np.empty(count, bool),
-                  np.empty(count, np.float32), np.empty(count, np.float32))
-    for epoch in np.unique(samples // self._num_records):
-      here = samples // self._num_records == epoch
-      position = samples[here] % self._num_records
-      epoch_order, epoch_draws = self._epoch_plan(epoch)
-      order[here] = epoch_order[position]
-      for out, values in zip(draws, epoch_draws):
-        out[here] = values[position]
-    return order, draws
+def _numpy_draws(rng, n):
+  """The seeded pipeline's Draws for n samples, in numpy."""
+  return Draws(rng.integers(0, MAX_CORNER + 1, (n, 2), dtype=np.int32),
+               rng.random(n) < 0.5,
+               rng.uniform(-MAX_BRIGHTNESS_DELTA, MAX_BRIGHTNESS_DELTA, n).astype(np.float32),
+               rng.uniform(*CONTRAST_RANGE, n).astype(np.float32))
 
 
 def distorted_inputs(data_dir, batch_size):
@@ -667,7 +549,7 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
   for name, data in members:
     with open(os.path.join(data_dir, name), 'wb') as f:
       f.write(data)
-  return _md5(archive)
+  return input_lib.md5_of(archive)
 
 
 def main(argv=None):
@@ -695,6 +577,12 @@ def main(argv=None):
         '  python cifar10_eval.py --run_once --data_dir=%s --data_md5=%s '
         '--checkpoint_dir=%s_train --eval_dir=%s_eval'
         % (data_dir, md5, data_dir, data_dir, md5, data_dir, data_dir))
+
+
+
+# The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).
+prepare = maybe_download_and_extract
+train_dataset = distorted_dataset
 
 
 if __name__ == '__main__':

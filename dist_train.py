@@ -60,10 +60,9 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-import cifar10
-import cifar10_input
-import training_run
+import input_lib
 import multi_gpu_train  # the graph, the session config and the flags both scripts share
+import training_run
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
@@ -116,6 +115,9 @@ REFUSED_FLAGS = {
              'point --train_dir at an empty directory',
     'async_towers': 'the towers of a worker are averaged before its gradient leaves it; '
                     'workers are asynchronous by default (without --sync_replicas)',
+    'seed': 'the workers\' updates reach the ps tasks in whatever order the network and '
+            'the machines give, so a distributed run cannot repeat exactly; use '
+            'multi_gpu_train.py --seed for runs to compare',
 }
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set by --local_cluster for its tasks
 
@@ -422,21 +424,24 @@ def train(cluster, task_index, train_dir, data_dir, num_gpus, batch_size, max_st
           summary_steps=multi_gpu_train.SUMMARY_STEPS,
           save_every_n_steps=multi_gpu_train.SAVE_EVERY_N_STEPS,
           startup_timeout_secs=STARTUP_TIMEOUT_SECS, step_timeout_secs=STEP_TIMEOUT_SECS,
-          synthetic=False, data_url=None, data_md5=None, config_options=None, stop=None):
+          synthetic=False, data_url=None, data_md5=None, config_options=None, stop=None,
+          dataset='cifar10'):
   """Runs worker `task_index` until global step max_steps; worker 0 is the chief.
 
   Args:
+    dataset: a key of multi_gpu_train.DATASETS: the model and the input.
     stop: a training_run.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, the chief saves, and training_run.Stopped
       is raised.
   """
   stop = stop or multi_gpu_train.NEVER
+  data = multi_gpu_train.DATASETS[dataset]
   run = start(cluster, task_index, train_dir, data_dir, num_gpus, synthetic, data_url,
-              data_md5, startup_timeout_secs, config_options)
+              data_md5, startup_timeout_secs, config_options, data.input)
   with tf.Graph().as_default():
     graph = build(run, data_dir, batch_size, max_steps, sync_replicas,
                   replicas_to_aggregate or run.num_workers, summary_steps,
-                  save_every_n_steps, synthetic, train_dir)
+                  save_every_n_steps, synthetic, train_dir, data)
     print_start(run, graph, data_dir, batch_size, synthetic, train_dir)
     with open_session(run, graph, train_dir, summary_steps, startup_timeout_secs) as sess:
       step, local_step = loop(sess, run, graph, max_steps, log_frequency, batch_size,
@@ -472,7 +477,7 @@ WorkerRun = collections.namedtuple('WorkerRun', [
 
 
 def start(cluster, task_index, train_dir, data_dir, num_gpus, synthetic, data_url, data_md5,
-          startup_timeout_secs, config_options):
+          startup_timeout_secs, config_options, data_input):
   """Checks, the chief's lock and resume point, the data, the server; the ps tasks up."""
   who = 'worker %d' % task_index
   lock, checkpoint, start_step = None, None, 0
@@ -482,7 +487,7 @@ def start(cluster, task_index, train_dir, data_dir, num_gpus, synthetic, data_ur
     for note in notes:
       print(note)
   if not synthetic:
-    cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
+    data_input.prepare(data_dir, data_url, data_md5)
   devices, num_cpu_devices, where = multi_gpu_train.tower_devices(num_gpus)
   config = multi_gpu_train.session_config(num_cpu_devices, **(config_options or {}))
   # Only the ps tasks and this worker: no worker waits for another to start.
@@ -531,16 +536,16 @@ TrainGraph = collections.namedtuple('TrainGraph', [
 
 
 def build(run, data_dir, batch_size, max_steps, sync_replicas, replicas_to_aggregate,
-          summary_steps, save_every_n_steps, synthetic, train_dir):
+          summary_steps, save_every_n_steps, synthetic, train_dir, data):
   """Input, towers and the update, placed by replica_device_setter; hooks and saver."""
   worker_device = '/job:worker/task:%d' % run.task_index
   with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
       cluster=run.cluster, worker_device=worker_device)):
     with tf.device('/cpu:0'):
       if synthetic:
-        dataset = cifar10_input.synthetic_dataset(batch_size)
+        dataset = data.input.synthetic_dataset(batch_size)
       else:
-        dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
+        dataset = data.input.train_dataset(data_dir, batch_size)
       iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
 
     def wrap(opt):
@@ -553,7 +558,8 @@ def build(run, data_dir, batch_size, max_steps, sync_replicas, replicas_to_aggre
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
     built = multi_gpu_train.build_train_graph(
         iterator.get_next, run.devices, batch_size, async_towers=False,
-        summaries=summary_steps > 0, variables_device='', wrap_optimizer=wrap)
+        summaries=summary_steps > 0, variables_device='', wrap_optimizer=wrap,
+        model=data.model)
     global_step, opt = built['global_step'], built['optimizer']
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
     release_workers = None
@@ -612,8 +618,8 @@ def print_start(run, graph, data_dir, batch_size, synthetic, train_dir):
     print('async: each of %d workers applies its own updates of %d images (%d x %d '
           'towers)' % (run.num_workers, batch_size * num_towers, batch_size, num_towers))
   print('decay_steps %d = %d examples / %d per worker step x %g epochs; input: %s' % (
-      graph.built['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
-      graph.built['examples_per_update'], cifar10.NUM_EPOCHS_PER_DECAY,
+      graph.built['decay_steps'], graph.built['model'].NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+      graph.built['examples_per_update'], graph.built['model'].NUM_EPOCHS_PER_DECAY,
       'synthetic' if synthetic else data_dir))
   if run.task_index == 0:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
@@ -680,8 +686,9 @@ def loop(sess, run, graph, max_steps, log_frequency, batch_size, step_timeout_se
     if not np.isfinite(loss_value):
       raise TrainingError(
           'loss is %s at step %d on %s: the model diverged. Lower '
-          'INITIAL_LEARNING_RATE (cifar10/model.py) or --batch_size; the chief\'s last '
-          'checkpoint is untouched.' % (loss_value, shown, run.who))
+          'INITIAL_LEARNING_RATE (%s/model.py) or --batch_size; the chief\'s last '
+          'checkpoint is untouched.' % (loss_value, shown, run.who,
+                                        graph.built['model'].__name__))
     if shown // log_frequency != last_shown // log_frequency or local_step == 1:
       examples_per_sec = batch_size * num_towers / duration
       sec_per_batch = duration / num_towers
@@ -924,6 +931,7 @@ def main(argv):
     if FLAGS[name].present:
       sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
                'take: %s.' % (name, why))
+  multi_gpu_train.apply_dataset_defaults()
   multi_gpu_train.check_flags(also_positive=('startup_timeout_secs', 'step_timeout_secs'))
   if FLAGS.replicas_to_aggregate is not None:
     if not FLAGS.sync_replicas:
@@ -971,8 +979,8 @@ def main(argv):
                               gpu_memory_fraction=FLAGS.gpu_memory_fraction,
                               intra_op_threads=FLAGS.intra_op_threads,
                               inter_op_threads=FLAGS.inter_op_threads),
-          stop=stop)
-  except (TrainingError, multi_gpu_train.TrainingError, cifar10_input.DataError) as e:
+          stop=stop, dataset=FLAGS.dataset)
+  except (TrainingError, multi_gpu_train.TrainingError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
   except training_run.Stopped as e:  # train() has saved and said so
     sys.exit(e.exit_code)
@@ -996,9 +1004,9 @@ def main_local_cluster():
              'e.g. --local_cluster=1,2; got %r' % FLAGS.local_cluster)
   if not FLAGS.synthetic:
     try:  # once, here, rather than racing in every worker; before leaving the network
-      cifar10_input.maybe_download_and_extract(FLAGS.data_dir, FLAGS.data_url,
-                                               FLAGS.data_md5)
-    except cifar10_input.DataError as e:
+      data_input = multi_gpu_train.DATASETS[FLAGS.dataset].input
+      data_input.prepare(FLAGS.data_dir, FLAGS.data_url, FLAGS.data_md5)
+    except input_lib.DataError as e:
       sys.exit('error: %s' % e)
   try:
     why_not = enter_private_network()

@@ -34,6 +34,8 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
+import mnist
+import mnist_input
 import training_run
 
 # ---- Training knobs: edit, save, rerun ----------------------------------------
@@ -46,15 +48,43 @@ SUMMARY_STEPS = 100               # steps between TensorBoard summaries; 0 turns
 KEEP_CHECKPOINTS = 5              # older checkpoints are deleted by the Saver as new ones land
 TRAIN_DIR = '/tmp/cifar10_train'  # checkpoints and event files
 DATA_DIR = '/tmp/cifar10_data'    # the archive and cifar-10-batches-bin/
+# --dataset=mnist: the book's constants (chapter 12)
+MNIST_BATCH_SIZE = 100            # images per tower
+MNIST_MAX_STEPS = 1000
+MNIST_TRAIN_DIR = '/tmp/mnist_train'
+MNIST_DATA_DIR = '/tmp/mnist_data'  # train.tfrecords and test.tfrecords
+
+# ---- The data sets: a model package and an input module each --------------------
+# The model package gives inference(images), loss(logits, labels) and the
+# constants build_train_graph reads; the input module gives prepare,
+# train_dataset, seeded_dataset, synthetic_dataset and eval_dataset. A third
+# data set is one more package and one more line here.
+DataSet = collections.namedtuple('DataSet', ['model', 'input', 'defaults'])
+DATASETS = {
+    'cifar10': DataSet(cifar10, cifar10_input, dict(
+        batch_size=BATCH_SIZE, max_steps=MAX_STEPS, train_dir=TRAIN_DIR, data_dir=DATA_DIR,
+        data_url=cifar10_input.DATA_URL)),
+    'mnist': DataSet(mnist, mnist_input, dict(
+        batch_size=MNIST_BATCH_SIZE, max_steps=MNIST_MAX_STEPS, train_dir=MNIST_TRAIN_DIR,
+        data_dir=MNIST_DATA_DIR, data_url=mnist_input.DATA_URL)),
+}
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum('dataset', 'cifar10', list(DATASETS), 'The data set and its model; the '
+                  'flags below not given take its defaults.')
 flags.DEFINE_integer('num_gpus', NUM_GPUS, 'Number of towers (GPUs) to use.')
-flags.DEFINE_integer('batch_size', BATCH_SIZE, 'Images per tower per step.')
-flags.DEFINE_integer('max_steps', MAX_STEPS, 'Global step at which to stop.')
-flags.DEFINE_string('train_dir', TRAIN_DIR, 'Checkpoints and summaries go here.')
-flags.DEFINE_string('data_dir', DATA_DIR, 'CIFAR-10 archive and extracted files.')
-flags.DEFINE_string('data_url', cifar10_input.DATA_URL, 'Where to download the archive.')
-flags.DEFINE_string('data_md5', cifar10_input.DATA_MD5, 'md5 of the archive at --data_url.')
+flags.DEFINE_integer('batch_size', None, 'Images per tower per step (default: %d for '
+                     'cifar10, %d for mnist).' % (BATCH_SIZE, MNIST_BATCH_SIZE))
+flags.DEFINE_integer('max_steps', None, 'Global step at which to stop (default: %d for '
+                     'cifar10, %d for mnist).' % (MAX_STEPS, MNIST_MAX_STEPS))
+flags.DEFINE_string('train_dir', None, 'Checkpoints and summaries go here (default: %s, '
+                    '%s).' % (TRAIN_DIR, MNIST_TRAIN_DIR))
+flags.DEFINE_string('data_dir', None, 'The data set\'s files (default: %s, %s).'
+                    % (DATA_DIR, MNIST_DATA_DIR))
+flags.DEFINE_string('data_url', None, 'Where to download the data (default: the '
+                    'official copy).')
+flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for a '
+                    'copy of your own (default: the official archive\'s).')
 flags.DEFINE_integer('log_frequency', LOG_FREQUENCY, 'Steps between loss lines.')
 flags.DEFINE_integer('summary_steps', SUMMARY_STEPS, 'Steps between summaries; 0: none.')
 flags.DEFINE_integer('save_every_n_steps', SAVE_EVERY_N_STEPS, 'Steps between checkpoints.')
@@ -78,21 +108,22 @@ flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, r
 TrainingError = training_run.TrainingError
 
 
-def tower_loss(scope, images, labels):
+def tower_loss(scope, images, labels, model=cifar10):
   """Builds one tower and returns its total loss.
 
   Args:
     scope: str, the tower's name scope ('tower_0/'), whose LOSSES terms are summed.
-    images: float32 [batch, 24, 24, 3].
+    images: float32 [batch, 24, 24, 3] (cifar10) or [batch, 784] (mnist).
     labels: int32 [batch].
+    model: the model package, cifar10 or mnist.
 
   Returns:
     float32 scalar: this tower's cross-entropy plus its weight-decay terms.
   """
-  logits = cifar10.inference(images)
-  # cifar10.loss() sums the LOSSES of every tower built so far; keep only ours.
-  cifar10.loss(logits, labels)
-  losses = tf.compat.v1.get_collection(cifar10.LOSSES, scope)
+  logits = model.inference(images)
+  # model.loss() sums the LOSSES of every tower built so far; keep only ours.
+  model.loss(logits, labels)
+  losses = tf.compat.v1.get_collection(model.LOSSES, scope)
   return tf.add_n(losses, name='total_loss')
 
 
@@ -176,7 +207,8 @@ def session_config(num_cpu_devices=1, log_device_placement=False, allow_growth=F
 
 
 def build_train_graph(next_batch, devices, batch_size, async_towers=False,
-                      summaries=True, variables_device='/cpu:0', wrap_optimizer=None):
+                      summaries=True, variables_device='/cpu:0', wrap_optimizer=None,
+                      model=cifar10):
   """Builds the towers, the gradient average, the update and the moving averages.
 
   This is train()'s graph, in its own function so that tests and the benchmark
@@ -195,12 +227,14 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
       enclosing device function (dist_train.py's replica_device_setter).
     wrap_optimizer: optional callable taking and returning the optimizer
       (dist_train.py wraps it in SyncReplicasOptimizer).
+    model: the model package (DATASETS[...].model): its inference, loss and constants.
 
   Returns:
     dict with train_ops (one op, or one per tower when async), apply_ops (the
     same updates without the moving averages, for the benchmark), tower_losses
     (float32 scalars), loss (their mean; async: tower 0's), global_step, lr,
-    examples_per_update, decay_steps, summary_op (None without summaries), ema and optimizer.
+    examples_per_update, decay_steps, summary_op (None without summaries), ema,
+    optimizer and model.
   """
   num_towers = len(devices)
   examples_per_update = batch_size if async_towers else batch_size * num_towers
@@ -208,12 +242,12 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
   with tf.compat.v1.device(on_cpu):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     # One decay per NUM_EPOCHS_PER_DECAY epochs of updates, counted in global batches.
-    decay_steps = int(cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / examples_per_update *
-                      cifar10.NUM_EPOCHS_PER_DECAY)
-    lr = tf.compat.v1.train.exponential_decay(cifar10.INITIAL_LEARNING_RATE, global_step,
+    decay_steps = int(model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / examples_per_update *
+                      model.NUM_EPOCHS_PER_DECAY)
+    lr = tf.compat.v1.train.exponential_decay(model.INITIAL_LEARNING_RATE, global_step,
                                               decay_steps,
-                                              cifar10.LEARNING_RATE_DECAY_FACTOR,
-                                              staircase=True)
+                                              model.LEARNING_RATE_DECAY_FACTOR,
+                                              staircase=model.STAIRCASE)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     if wrap_optimizer:
       opt = wrap_optimizer(opt)
@@ -223,17 +257,17 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
     for i, device in enumerate(devices):
       with tf.compat.v1.device(_place(device, variables_device)), \
-          tf.name_scope('%s_%d' % (cifar10.TOWER_NAME, i)) as scope:
+          tf.name_scope('%s_%d' % (model.TOWER_NAME, i)) as scope:
         with tf.device('/cpu:0'):
           images, labels = next_batch()
-        loss = tower_loss(scope, images, labels)
+        loss = tower_loss(scope, images, labels, model)
         tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
         tower_grads.append(opt.compute_gradients(loss))
         tower_losses.append(loss)
 
   with tf.compat.v1.device(on_cpu):
     variables = tf.compat.v1.trainable_variables()
-    ema = tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY,
+    ema = tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY,
                                                       num_updates=global_step)
     if async_towers:
       updates = tower_grads
@@ -255,14 +289,15 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
   if summaries:
     # Async: only tower 0's tensors, the ones its own train op computes.
     watched = range(num_towers) if not async_towers else [0]
-    summary_op = _summaries(watched, tower_losses, updates[0], lr)
+    summary_op = _summaries(watched, tower_losses, updates[0], lr, model)
   return dict(train_ops=train_ops, apply_ops=apply_ops, tower_losses=tower_losses,
               loss=loss,
               global_step=global_step, lr=lr, examples_per_update=examples_per_update,
-              decay_steps=decay_steps, summary_op=summary_op, ema=ema, optimizer=opt)
+              decay_steps=decay_steps, summary_op=summary_op, ema=ema, optimizer=opt,
+              model=model)
 
 
-def _summaries(towers, tower_losses, grads, lr):
+def _summaries(towers, tower_losses, grads, lr, model):
   """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay.
 
   The raw summary ops take the tag as given; tf.summary.* would derive it from
@@ -272,7 +307,7 @@ def _summaries(towers, tower_losses, grads, lr):
   scalars, histograms = {}, {}
   total, cross_entropy = [], []
   for i in towers:
-    prefix = '%s_%d/' % (cifar10.TOWER_NAME, i)
+    prefix = '%s_%d/' % (model.TOWER_NAME, i)
     total.append(tower_losses[i])
     cross_entropy.append(graph.get_tensor_by_name(prefix + 'cross_entropy:0'))
     scalars[prefix + 'total_loss'] = total[-1]
@@ -280,8 +315,8 @@ def _summaries(towers, tower_losses, grads, lr):
   scalars['total_loss'] = tf.reduce_mean(total)
   scalars['cross_entropy'] = tf.reduce_mean(cross_entropy)
   scalars['learning_rate'] = lr
-  first = '%s_%d/' % (cifar10.TOWER_NAME, towers[0])
-  for x in tf.compat.v1.get_collection(cifar10.ACTIVATIONS, first):
+  first = '%s_%d/' % (model.TOWER_NAME, towers[0])
+  for x in tf.compat.v1.get_collection(model.ACTIVATIONS, first):
     layer = x.op.name[len(first):].split('/')[0]  # tower_0/conv1/conv1 -> conv1
     histograms[layer + '/activations'] = x
     scalars[layer + '/sparsity'] = tf.nn.zero_fraction(x)
@@ -305,12 +340,13 @@ TrainRun = collections.namedtuple('TrainRun', [
 
 
 def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=None,
-          data_md5=None, fresh=False):
+          data_md5=None, fresh=False, data_input=cifar10_input):
   """Checks, lock and resume point: everything that can stop a run before it starts.
 
   Nothing is created or moved until every check has passed: a run that cannot
   start leaves no directory behind. The lock on train_dir is released when
-  exit_stack (a contextlib.ExitStack) closes.
+  exit_stack (a contextlib.ExitStack) closes. data_input: the data set's input
+  module, whose prepare() downloads and checks the files.
 
   Returns:
     a TrainRun, or None when train_dir's checkpoint is already at max_steps.
@@ -330,7 +366,7 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
           'to train further.' % (checkpoint, start_step, max_steps))
     return None
   if not synthetic:
-    cifar10_input.maybe_download_and_extract(data_dir, data_url, data_md5)
+    data_input.prepare(data_dir, data_url, data_md5)
   if lock is None:
     try:
       os.makedirs(train_dir, exist_ok=True)
@@ -346,31 +382,33 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
 def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
           summary_steps=SUMMARY_STEPS, save_every_n_steps=SAVE_EVERY_N_STEPS,
           async_towers=False, synthetic=False, data_url=None, data_md5=None, fresh=False,
-          config_options=None, seed=None, stop=None, flag_values=None):
+          config_options=None, seed=None, stop=None, flag_values=None, dataset='cifar10'):
   """Trains until global step max_steps, resuming from train_dir's latest checkpoint.
 
   Args:
+    dataset: a key of DATASETS: the model and the input.
     seed: int >= 0 for a run that repeats exactly (see input_pipeline), or None.
     stop: a training_run.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, saves, and training_run.Stopped is raised.
     flag_values: dict, the command line's flags, for the run record.
   """
+  data = DATASETS[dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
     run = start(exit_stack, train_dir, data_dir, max_steps, synthetic, data_url, data_md5,
-                fresh)
+                fresh, data.input)
     if run is None:
       return
     devices, num_cpu_devices, where = tower_devices(num_gpus)
-    record = run_record(flag_values, seed, devices, run.start_step)
+    record = run_record(flag_values, seed, devices, run.start_step, data)
     print('Run record: %s' % training_run.write_run_record(train_dir, record))
     with tf.Graph().as_default():
       if seed is not None:
         tf.compat.v1.set_random_seed(seed)  # the initial weights
         tf.config.experimental.enable_op_determinism()
       next_batch, input_init = input_pipeline(data_dir, num_gpus, batch_size, synthetic,
-                                              seed, run.start_step)
+                                              seed, run.start_step, data.input)
       graph = build_train_graph(next_batch, devices, batch_size, async_towers,
-                                summaries=summary_steps > 0)
+                                summaries=summary_steps > 0, model=data.model)
       print_start(graph, where, num_gpus, batch_size, async_towers,
                   'synthetic' if synthetic else data_dir, seed)
       config = session_config(num_cpu_devices, **(config_options or {}))
@@ -380,7 +418,7 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
 
 
 def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
-                   start_step=0):
+                   start_step=0, data_input=cifar10_input):
   """The one input pipeline that every tower draws from, on the CPU.
 
   With a seed, each step reads one global batch, fixed by (seed, global step)
@@ -390,28 +428,31 @@ def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
   for them.) Without a seed, each tower dequeues its own batch, shuffled and
   distorted afresh on every run.
 
+  Args:
+    data_input: the data set's input module (DATASETS[...].input).
+
   Returns:
     (next_batch: callable giving the next tower's (images float32 [batch_size,
-     24, 24, 3], labels int32 [batch_size]), called once per tower; the op that
-     starts the pipeline, to run once in the session).
+     24, 24, 3] or [batch_size, 784], labels int32 [batch_size]), called once per
+     tower; the op that starts the pipeline, to run once in the session).
   """
   with tf.device('/cpu:0'):
     if seed is not None and not synthetic:
-      dataset = cifar10_input.seeded_dataset(data_dir, batch_size * num_gpus, seed,
-                                             start_step)
+      dataset = data_input.seeded_dataset(data_dir, batch_size * num_gpus, seed,
+                                          start_step)
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
       images, labels = iterator.get_next()
       towers = iter(list(zip(tf.split(images, num_gpus), tf.split(labels, num_gpus))))
       return lambda: next(towers), iterator.initializer
     if synthetic:
-      dataset = cifar10_input.synthetic_dataset(batch_size)
+      dataset = data_input.synthetic_dataset(batch_size)
     else:
-      dataset = cifar10_input.distorted_dataset(data_dir, batch_size)
+      dataset = data_input.train_dataset(data_dir, batch_size)
     iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
     return iterator.get_next, iterator.initializer
 
 
-def run_record(flag_values, seed, devices, start_step):
+def run_record(flag_values, seed, devices, start_step, data):
   """What this run used: flags, every constant of the trainer, model and reader.
 
   Constants are read when the run starts, so a constant edited between two runs
@@ -423,9 +464,10 @@ def run_record(flag_values, seed, devices, start_step):
       ('start_step', start_step),
       ('seed', seed),
       ('flags', flag_values or {}),
-      ('constants', {'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__]),
-                     'cifar10/model.py': training_run.constants_of(cifar10),
-                     'cifar10_input.py': training_run.constants_of(cifar10_input)}),
+      ('constants', {
+          'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__]),
+          '%s/model.py' % data.model.__name__: training_run.constants_of(data.model),
+          '%s.py' % data.input.__name__: training_run.constants_of(data.input)}),
       ('tensorflow', tf.__version__),
       ('devices', devices),
   ])
@@ -439,8 +481,8 @@ def print_start(graph, where, num_gpus, batch_size, async_towers, source, seed=N
       batch_size * num_gpus, batch_size, num_gpus,
       ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
   print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s%s' % (
-      graph['decay_steps'], cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
-      graph['examples_per_update'], cifar10.NUM_EPOCHS_PER_DECAY, source,
+      graph['decay_steps'], graph['model'].NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+      graph['examples_per_update'], graph['model'].NUM_EPOCHS_PER_DECAY, source,
       '' if seed is None else '; seed %d: this run repeats exactly' % seed))
 
 
@@ -491,7 +533,8 @@ def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
                               for v in tf.compat.v1.trainable_variables()])
   writer = tf.compat.v1.summary.FileWriter(
       run.train_dir, sess.graph if not run.checkpoint else None) if summary_steps else None
-  save = functools.partial(_save, sess, saver, all_finite, run.train_dir)
+  save = functools.partial(_save, sess, saver, all_finite, run.train_dir,
+                           graph['model'].__name__)
   if writer:  # runs compared side by side in TensorBoard say what differed
     writer.add_summary(training_run.text_summary('run_record', record), run.start_step)
 
@@ -523,8 +566,8 @@ def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
       if not np.isfinite(loss_value):
         raise TrainingError(
             'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
-            '(cifar10/model.py) or --batch_size; %s' % (
-                loss_value, step, _last_checkpoint_note(last_saved)))
+            '(%s/model.py) or --batch_size; %s' % (
+                loss_value, step, graph['model'].__name__, _last_checkpoint_note(last_saved)))
       if failures:
         raise failures[0]
 
@@ -574,13 +617,13 @@ def _last_checkpoint_note(last_saved):
   return 'no checkpoint was written.'
 
 
-def _save(sess, saver, all_finite, train_dir, step, last_saved):
+def _save(sess, saver, all_finite, train_dir, model_name, step, last_saved):
   """Writes model.ckpt-<step> unless a variable is NaN; returns step."""
   if not sess.run(all_finite):
     raise TrainingError(
         'a variable became NaN or infinite by step %d: the model diverged. Lower '
-        'INITIAL_LEARNING_RATE (cifar10/model.py); %s'
-        % (step, _last_checkpoint_note(last_saved)))
+        'INITIAL_LEARNING_RATE (%s/model.py); %s'
+        % (step, model_name, _last_checkpoint_note(last_saved)))
   print('Saved checkpoint %s' % training_run.save_checkpoint(sess, saver, train_dir, step,
                                                              last_saved))
   sys.stdout.flush()
@@ -607,6 +650,13 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
     failures.append(e)
 
 
+def apply_dataset_defaults():
+  """Gives the flags not set on the command line their --dataset's defaults."""
+  for name, value in DATASETS[FLAGS.dataset].defaults.items():
+    if FLAGS[name].value is None:
+      setattr(FLAGS, name, value)
+
+
 def check_flags(also_positive=()):
   """Stops the run, naming the flag, when a flag shared with dist_train.py is out of range."""
   for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency',
@@ -630,6 +680,7 @@ def check_flags(also_positive=()):
 def main(argv):
   del argv  # absl has already refused unknown flags
   stop = training_run.StopSignals()  # first, so that no Ctrl-C or SIGTERM is lost
+  apply_dataset_defaults()
   check_flags()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
@@ -645,7 +696,7 @@ def main(argv):
                               gpu_memory_fraction=FLAGS.gpu_memory_fraction,
                               intra_op_threads=FLAGS.intra_op_threads,
                               inter_op_threads=FLAGS.inter_op_threads),
-          seed=FLAGS.seed, stop=stop,
+          seed=FLAGS.seed, stop=stop, dataset=FLAGS.dataset,
           flag_values={flag.name: flag.value
                        for flag in FLAGS.get_flags_for_module(sys.argv[0])})
   except (TrainingError, cifar10_input.DataError) as e:

@@ -209,26 +209,34 @@ def _build_trainer_graph(tf, config):
 
   config keys: towers, batch_size, input ('synthetic' or 'real'), data_dir, intra,
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
-  pipeline's own prefetch; 0: none), summaries (build the summary op).
+  pipeline's own prefetch; 0: none), summaries (build the summary op), seed
+  (real input: the trainer's --seed pipeline; None: its unseeded one).
 
   Returns:
-    (build_train_graph's dict, its session ConfigProto, devices, where-line).
+    (build_train_graph's dict plus 'input_init', the op that starts the input, to
+     run in the session; its session ConfigProto; devices; where-line).
   """
   import cifar10_input
   import multi_gpu_train
   batch_size = config['batch_size']
   devices, num_cpu_devices, where = multi_gpu_train.tower_devices(config['towers'])
-  with tf.device('/cpu:0'):
-    if config['input'] == 'synthetic':
-      dataset = cifar10_input.synthetic_dataset(batch_size)
-    else:
-      dataset = cifar10_input.distorted_dataset(config['data_dir'], batch_size)
-    if config['extra_prefetch']:
-      dataset = dataset.prefetch(config['extra_prefetch'])
-    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-  graph = multi_gpu_train.build_train_graph(iterator.get_next, devices, batch_size,
+  if config.get('seed') is not None:
+    next_batch, input_init = multi_gpu_train.input_pipeline(
+        config['data_dir'], config['towers'], batch_size, seed=config['seed'])
+  else:
+    with tf.device('/cpu:0'):
+      if config['input'] == 'synthetic':
+        dataset = cifar10_input.synthetic_dataset(batch_size)
+      else:
+        dataset = cifar10_input.distorted_dataset(config['data_dir'], batch_size)
+      if config['extra_prefetch']:
+        dataset = dataset.prefetch(config['extra_prefetch'])
+      iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+      next_batch, input_init = iterator.get_next, iterator.initializer
+  graph = multi_gpu_train.build_train_graph(next_batch, devices, batch_size,
                                             async_towers=False,
                                             summaries=config['summaries'])
+  graph['input_init'] = input_init
   session_config = multi_gpu_train.session_config(
       num_cpu_devices, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
   if config['xla']:
@@ -256,7 +264,7 @@ def worker_ours(config):
     init = tf.compat.v1.global_variables_initializer()
     result = dict(where=where, examples_per_step=config['batch_size'] * len(devices))
     with tf.compat.v1.Session(config=session_config) as sess:
-      sess.run(init)
+      sess.run([init, graph['input_init']])
       losses = []
       result['durations'] = _time_steps(lambda: losses.append(sess.run(fetches)[1]),
                                         config['warmup'], config['steps'])
@@ -295,7 +303,7 @@ def worker_extras(config):
     every = max(1, config['steps'] // config['summary_samples'])
     with tf.compat.v1.Session(config=session_config) as sess, \
         tempfile.TemporaryDirectory() as log_dir:
-      sess.run(init)
+      sess.run([init, graph['input_init']])
       writer = tf.compat.v1.summary.FileWriter(log_dir)
 
       def step(kind, timed=True):
@@ -603,6 +611,9 @@ def run_knobs(args, data_dir):
                xla_ops_run counts compiled clusters that ran in one traced step
   prefetch     real input with dataset.prefetch(towers) on top of the pipeline's
                own AUTOTUNE prefetch: a whole step's batches ready ahead
+  --seed       real input through the trainer's seeded pipeline (a Python
+               generator picking records and draws, one global batch a step),
+               against the unseeded one
   """
   knobs = [('threads 0/0 (one per core)', dict(intra=0, inter=0), None),
            ('threads 1/2', dict(intra=1, inter=2), None),
@@ -612,7 +623,8 @@ def run_knobs(args, data_dir):
                                ' --tf_xla_cpu_global_jit').strip())),
            ('real input', dict(intra=0, inter=0, input='real'), None),
            ('real input + prefetch(%d)' % KNOB_TOWERS,
-            dict(intra=0, inter=0, input='real', extra_prefetch=KNOB_TOWERS), None)]
+            dict(intra=0, inter=0, input='real', extra_prefetch=KNOB_TOWERS), None),
+           ('real input, --seed=1', dict(intra=0, inter=0, input='real', seed=1), None)]
   runner = Runner(args.repeats * len(knobs))
   runs = {}
   for repeat in range(args.repeats):
@@ -637,7 +649,10 @@ def run_knobs(args, data_dir):
     rows[name] = dict(stats, vs_first=_ratio(stats, baseline))
     print('%-28s  %s  %7.3f  %7.0f  %s' % (name, _rate(stats), rows[name]['vs_first'],
                                            stats['peak_mb'], note))
-  return dict(towers=KNOB_TOWERS, knobs=rows, runs=_flatten(runs))
+  seeded = _ratio(rows['real input, --seed=1'], rows['real input'])
+  print('seeded / unseeded real input: %.3f (target >= 0.95)' % seeded)
+  return dict(towers=KNOB_TOWERS, knobs=rows, seeded_over_unseeded=seeded,
+              runs=_flatten(runs))
 
 
 def _flatten(runs):

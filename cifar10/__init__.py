@@ -12,8 +12,8 @@ from cifar10.model import (ACTIVATIONS, IMAGE_SIZE, INITIAL_LEARNING_RATE,  # no
                            LEARNING_RATE_DECAY_FACTOR, LOSSES, MOVING_AVERAGE_DECAY,
                            NUM_CLASSES, NUM_EPOCHS_PER_DECAY,
                            NUM_EXAMPLES_PER_EPOCH_FOR_EVAL,
-                           NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, TOWER_NAME, inference,
-                           loss)
+                           NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, STAIRCASE, TOWER_NAME,
+                           inference, loss)
 
 
 def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):

@@ -25,6 +25,7 @@ MOVING_AVERAGE_DECAY = 0.9999     # decay of the shadow copies used for evaluati
 NUM_EPOCHS_PER_DECAY = 350.0      # lr is multiplied by LEARNING_RATE_DECAY_FACTOR ...
 LEARNING_RATE_DECAY_FACTOR = 0.1  # ... once per this many epochs (staircase)
 INITIAL_LEARNING_RATE = 0.1       # SGD step size at global step 0
+STAIRCASE = True                  # the decay comes in steps, not smoothly
 
 TOWER_NAME = 'tower'              # name scope prefix of replica i: tower_0, tower_1, ...
 LOSSES = 'losses'                 # collection: cross-entropy and weight-decay terms

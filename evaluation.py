@@ -1,0 +1,177 @@
+"""Precision @ 1 of a trainer's checkpoints: what cifar10_eval.py and mnist_eval.py share.
+
+Each program defines its flags with define_flags(its defaults) and calls
+main(FLAGS, model, data_input, trainer_command). The graph is built from code;
+the moving-average (shadow) values of the checkpoint are restored into it;
+every record of the chosen split is scored exactly once. The checkpoint
+directory is only read: never written, locked or deleted.
+"""
+import datetime
+import os
+import sys
+import time
+
+from absl import flags
+import tensorflow as tf
+
+import input_lib
+import training_run
+
+
+class EvalError(Exception):
+  """Evaluation cannot go on; the message says why and what to do."""
+
+
+def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
+                 eval_interval_secs, num_test, num_train):
+  """The evaluation programs' flags, with one program's defaults."""
+  flags.DEFINE_string('eval_dir', eval_dir, 'Where to write event files.')
+  flags.DEFINE_enum('eval_data', 'test', ['test', 'train_eval'],
+                    'test: the %s test images; train_eval: the %s training images.'
+                    % (num_test, num_train))
+  flags.DEFINE_string('checkpoint_dir', checkpoint_dir,
+                      'Where the trainer writes checkpoints (its --train_dir).')
+  flags.DEFINE_string('data_dir', data_dir, 'The data set\'s files.')
+  flags.DEFINE_string('data_url', data_url, 'Where to download the data.')
+  flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for '
+                      'a copy of your own (default: the official archive\'s).')
+  flags.DEFINE_integer('eval_interval_secs', eval_interval_secs,
+                       'Seconds between evaluations.')
+  flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once and exit.')
+  flags.DEFINE_integer('batch_size', batch_size, 'Images per batch.')
+  flags.DEFINE_boolean('use_moving_averages', True, 'Restore the moving averages of the '
+                       'weights (as the tutorial and the book); false: the raw values.')
+
+
+def latest_checkpoint(checkpoint_dir):
+  """Path of the newest checkpoint, None when there is none yet.
+
+  A state file naming absolute paths of another directory (this one was moved
+  or copied) is read as the trainer reads it: the file of that name here first.
+
+  Raises:
+    EvalError: a 'checkpoint' state file exists but cannot be parsed (TensorFlow
+      would silently report no checkpoint and this program would wait forever).
+  """
+  try:
+    named = training_run.read_state_file(checkpoint_dir)
+  except training_run.TrainingError as e:
+    raise EvalError(str(e)) from None
+  if named is None:
+    return None
+  notes = []
+  path = training_run.in_this_dir(checkpoint_dir, named[0], notes)
+  for note in notes:
+    print(note)
+  return path
+
+
+def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averages,
+             model, data_input):
+  """Scores one checkpoint on every record of eval_data, once each.
+
+  Args:
+    model, data_input: the data set's model package and input module.
+
+  Returns:
+    (precision @ 1: float, mean cross-entropy: float, records scored: int,
+     the checkpoint's global step: int).
+  """
+  with tf.Graph().as_default():
+    dataset, num_records = data_input.eval_dataset(eval_data, data_dir, batch_size)
+    images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    logits = model.inference(images)
+    correct = tf.reduce_sum(tf.cast(tf.compat.v1.nn.in_top_k(logits, labels, 1), tf.int64))
+    cross_entropy = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+    if use_moving_averages:
+      # Maps each shadow name (conv1/weights/ExponentialMovingAverage) to the variable.
+      ema = tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY)
+      saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
+    else:
+      saver = tf.compat.v1.train.Saver(tf.compat.v1.trainable_variables())
+    step = int(tf.train.load_checkpoint(checkpoint_path).get_tensor('global_step'))
+
+    true_count, total_loss, seen = 0, 0.0, 0
+    with tf.compat.v1.Session() as sess:
+      saver.restore(sess, checkpoint_path)
+      while True:
+        try:
+          batch_correct, batch_loss, batch_labels = sess.run([correct, cross_entropy, labels])
+        except tf.errors.OutOfRangeError:
+          break
+        true_count += batch_correct
+        total_loss += batch_loss
+        seen += len(batch_labels)
+  if seen != num_records:
+    raise EvalError('scored %d records, expected %d' % (seen, num_records))
+  return true_count / seen, total_loss / seen, seen, step
+
+
+def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-name
+  """Evaluates once (--run_once) or whenever a new checkpoint appears.
+
+  Args:
+    FLAGS: the parsed flags of define_flags().
+    model, data_input: the data set's model package and input module.
+    trainer_command: how to train for this directory, for the no-checkpoint message.
+  """
+  if FLAGS.batch_size < 1:
+    sys.exit('error: --batch_size must be at least 1, got %d' % FLAGS.batch_size)
+  if os.path.realpath(FLAGS.eval_dir) == os.path.realpath(FLAGS.checkpoint_dir):
+    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
+             'program a directory of its own so it never writes among the trainer\'s '
+             'files.' % FLAGS.eval_dir)
+  tf.compat.v1.disable_eager_execution()
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
+  writer = None
+  try:
+    data_input.prepare(FLAGS.data_dir, FLAGS.data_url, FLAGS.data_md5)
+    writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command)
+  except (EvalError, input_lib.DataError) as e:
+    sys.exit('error: %s' % e)
+  finally:
+    if writer:
+      writer.close()
+
+
+def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noqa: N803
+  """The loop: each new checkpoint scored once; returns the event writer, if any."""
+  averages = 'moving averages' if FLAGS.use_moving_averages else 'raw weights'
+  writer, last_path, waited = None, None, False
+  while True:
+    path = latest_checkpoint(FLAGS.checkpoint_dir)
+    if path is None and FLAGS.run_once:
+      raise EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s), or point '
+                      '--checkpoint_dir at the trainer\'s --train_dir.'
+                      % (FLAGS.checkpoint_dir, trainer_command, FLAGS.checkpoint_dir))
+    if path is None and not waited:
+      print('No checkpoint in %s yet; checking every %d s.'
+            % (FLAGS.checkpoint_dir, FLAGS.eval_interval_secs))
+      waited = True
+    if path is not None and path != last_path:
+      try:
+        precision, loss, count, step = evaluate(
+            path, FLAGS.data_dir, FLAGS.eval_data, FLAGS.batch_size,
+            FLAGS.use_moving_averages, model, data_input)
+      except (tf.errors.OpError, ValueError) as e:
+        if FLAGS.run_once or not isinstance(e, tf.errors.NotFoundError):
+          raise EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
+                          'at the trainer\'s --train_dir.' % (
+                              path, model.__name__, training_run.restore_error(e))) from None
+        # The trainer's Saver removes old checkpoints; the next one will do.
+        print('%s went away while being read; trying again.' % path)
+        continue
+      print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
+            'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
+                                     FLAGS.eval_data, averages, loss))
+      sys.stdout.flush()
+      writer = writer or tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)
+      writer.add_summary(tf.compat.v1.Summary(value=[
+          tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
+          tf.compat.v1.Summary.Value(tag='cross_entropy', simple_value=loss)]), step)
+      writer.flush()
+      last_path = path
+    if FLAGS.run_once:
+      return writer
+    time.sleep(FLAGS.eval_interval_secs)

@@ -1,0 +1,393 @@
+"""MNIST bytes to tensors, as the book's chapter 12 reads them: TFRecord files, tf.data.
+
+    maybe_download_and_convert(data_dir)          train.tfrecords, test.tfrecords, checked
+    train_dataset(data_dir, batch_size)           shuffled, repeated, static-shaped batches
+    eval_dataset(eval_data, data_dir, batch_size) every record once, in file order
+    python mnist_input.py --write_sample=DIR      a small learnable set in the same layout
+
+One tf.train.Example per image, with the book's features: image_raw (bytes: 784
+uint8 pixels, row-major), pixels (int64: 784) and label (int64: 0..9). Files of
+that layout already in --data_dir are used as they are, whoever wrote them: that
+is how to bring your own data. Pixels are cast to float32 without scaling (0..255),
+as the book's reader did; its learning rate is tuned for that.
+"""
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+
+import gzip
+import itertools
+import re
+import struct
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.util import deprecation
+
+import input_lib
+
+# ---- The data set, as published ------------------------------------------------
+DATA_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'  # TensorFlow's copy
+SOURCES = {  # name: (bytes, md5), the md5s as published with torchvision's MNIST
+    'train-images-idx3-ubyte.gz': (9912422, 'f68b3c2dcbeaaa9fbdd348bbdeb94873'),
+    'train-labels-idx1-ubyte.gz': (28881, 'd53e105ee54ea40749a09fcbcd1e9432'),
+    't10k-images-idx3-ubyte.gz': (1648877, '9fb629c4189551a2d022fa330f9573f3'),
+    't10k-labels-idx1-ubyte.gz': (4542, 'ec29112dd5afa0611ce80d1b7f02629c'),
+}
+SPLITS = {  # record file: (images IDX file, labels IDX file)
+    'train.tfrecords': ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz'),
+    'test.tfrecords': ('t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'),
+}
+TRAIN_FILE, TEST_FILE = 'train.tfrecords', 'test.tfrecords'
+IMAGES_MAGIC, LABELS_MAGIC = 2051, 2049  # IDX headers: uint8 images [n, 28, 28], labels [n]
+IMAGE_SIZE = 28
+IMAGE_PIXELS = IMAGE_SIZE * IMAGE_SIZE  # 784
+NUM_CLASSES = 10
+
+# ---- Input pipeline knobs -------------------------------------------------------
+SHUFFLE_BUFFER = 10000                # records (7.8 MB): a sixth of an epoch
+SAMPLE_TRAIN_RECORDS = 5000           # --write_sample: learnable in a few hundred steps
+SAMPLE_TEST_RECORDS = 1000
+
+DataError = input_lib.DataError
+
+
+# ---- Checking record files before a session -----------------------------------
+
+def read_records(path):
+  """Reads and checks every record of a TFRecord file in the book's layout.
+
+  Returns:
+    (images uint8 [n, 784], labels int64 [n]).
+
+  Raises:
+    DataError: naming the file, the record index and the problem (a bad CRC, a
+      record that does not parse, a wrong pixel count, a label outside 0..9).
+  """
+  if not os.path.isfile(path):
+    raise DataError('%s is missing. Run with the --data_dir that holds train.tfrecords '
+                    'and test.tfrecords, or remove them both to download and convert '
+                    'MNIST again.' % path)
+  images, labels, index = [], [], 0
+  try:
+    # tf_record_iterator checks each record's CRCs. It is deprecated in favour of
+    # eager tf.data, which graph-mode programs such as the trainers do not have.
+    with deprecation.silence():
+      records = tf.compat.v1.io.tf_record_iterator(path)
+    for index, record in enumerate(records):
+      image, label = _parse(record)
+      images.append(image)
+      labels.append(label)
+    index = len(labels)
+  except tf.errors.OpError as e:  # DataLossError: a bad CRC or a cut-off record
+    raise DataError('%s record %d cannot be read: %s. The file is damaged: remove it to '
+                    'convert it again.' % (path, index, _first_line(e))) from None
+  except ValueError as e:
+    raise DataError('%s record %d: %s. Write records with image_raw (784 bytes), pixels '
+                    '(784) and label (0..9), or remove the file to convert MNIST again.'
+                    % (path, index, e)) from None
+  if not labels:
+    raise DataError('%s holds no records. Remove it to convert MNIST again.' % path)
+  return np.stack(images), np.array(labels, np.int64)
+
+
+def _parse(record):
+  """One serialized tf.train.Example -> (uint8 [784], label); ValueError if it is not one."""
+  try:
+    example = tf.train.Example.FromString(record)
+  except Exception:  # protobuf's DecodeError
+    raise ValueError('not a tf.train.Example') from None
+  feature = example.features.feature
+  for name in ('image_raw', 'label'):
+    if name not in feature:
+      raise ValueError('no %r feature' % name)
+  raw = feature['image_raw'].bytes_list.value
+  if len(raw) != 1 or len(raw[0]) != IMAGE_PIXELS:
+    raise ValueError('image_raw has %d bytes, expected %d pixels'
+                     % (len(raw[0]) if raw else 0, IMAGE_PIXELS))
+  label = feature['label'].int64_list.value
+  if len(label) != 1 or not 0 <= label[0] < NUM_CLASSES:
+    raise ValueError('label is %s, expected one of 0..%d'
+                     % (list(label) if len(label) != 1 else label[0], NUM_CLASSES - 1))
+  if 'pixels' in feature and list(feature['pixels'].int64_list.value) != [IMAGE_PIXELS]:
+    raise ValueError('pixels is %s, expected %d'
+                     % (list(feature['pixels'].int64_list.value), IMAGE_PIXELS))
+  return np.frombuffer(raw[0], np.uint8), label[0]
+
+
+def _first_line(e):
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+# ---- Download and conversion ---------------------------------------------------
+
+def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
+  """Makes sure data_dir holds train.tfrecords and test.tfrecords, and checks them.
+
+  Record files already there are used as they are. Otherwise the four IDX files
+  are downloaded (size and md5 checked) and converted; nothing the user has is
+  overwritten.
+
+  Args:
+    data_dir: str.
+    data_url: str, the base URL of the four .gz files (default: TensorFlow's copy).
+    data_md5: must be None: MNIST has four files with their own published md5s.
+
+  Returns:
+    dict record file name -> number of records.
+
+  Raises:
+    DataError: with what is wrong and what to do.
+  """
+  if data_md5:
+    raise DataError('--data_md5 names the CIFAR-10 archive; MNIST\'s four files have '
+                    'their own published md5s. Drop --data_md5.')
+  data_url = data_url or DATA_URL
+  if os.path.isdir(data_dir):
+    input_lib.remove_leftovers(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
+        re.escape(n) for n in list(SOURCES) + list(SPLITS))])
+  for record_file, sources in SPLITS.items():
+    path = os.path.join(data_dir, record_file)
+    if not os.path.exists(path):
+      for source in sources:
+        _fetch(data_url.rstrip('/') + '/' + source, data_dir, source)
+      _convert(data_dir, sources, path)
+  counts = {f: len(read_records(os.path.join(data_dir, f))[1]) for f in SPLITS}
+  print('MNIST in %s: %s' % (data_dir, ', '.join('%s %d records' % item
+                                                  for item in counts.items())))
+  return counts
+
+
+def _fetch(url, data_dir, source):
+  path = os.path.join(data_dir, source)
+  size, md5 = SOURCES[source]
+  if os.path.exists(path):
+    if input_lib.md5_of(path) != md5:
+      raise DataError('%s is already there but its md5 is not the published %s. Remove it '
+                      'to download it again.' % (path, md5))
+    return
+  created = input_lib.make_data_dir(data_dir)
+  try:
+    input_lib.download(url, path, md5, size, offline_hint=(
+        'To try the program without the data set: python mnist_input.py '
+        '--write_sample=/tmp/mnist_sample'))
+  except BaseException:
+    input_lib.remove_if_empty(data_dir, created)
+    raise
+
+
+def read_idx(path, magic, shape):
+  """The array in a gzipped IDX file, after checking its header.
+
+  Args:
+    path: str, a .gz IDX file.
+    magic: IMAGES_MAGIC or LABELS_MAGIC.
+    shape: the dimensions after the count: (28, 28) for images, () for labels.
+
+  Returns:
+    uint8 array [count] + shape.
+  """
+  with gzip.open(path, 'rb') as f:
+    data = f.read()
+  dims = len(shape) + 1
+  header = 4 + 4 * dims
+  if len(data) < header:
+    raise DataError('%s is too short for an IDX header.' % path)
+  found_magic, *sizes = struct.unpack('>%dI' % (1 + dims), data[:header])
+  if found_magic != magic or tuple(sizes[1:]) != tuple(shape):
+    raise DataError('%s has IDX magic %d and sizes %s; expected magic %d and %s. It is not '
+                    'an MNIST %s file: remove it to download it again.' % (
+                        path, found_magic, sizes, magic, ['count'] + list(shape),
+                        'images' if magic == IMAGES_MAGIC else 'labels'))
+  if len(data) != header + sizes[0] * int(np.prod(shape, dtype=np.int64)):
+    raise DataError('%s holds %d bytes of data for %d items; it is cut short or padded: '
+                    'remove it to download it again.' % (path, len(data) - header, sizes[0]))
+  return np.frombuffer(data, np.uint8, offset=header).reshape((sizes[0],) + tuple(shape))
+
+
+def _convert(data_dir, sources, path):
+  """Writes the images and labels of two IDX files to `path` as TFRecords."""
+  images = read_idx(os.path.join(data_dir, sources[0]), IMAGES_MAGIC,
+                    (IMAGE_SIZE, IMAGE_SIZE))
+  labels = read_idx(os.path.join(data_dir, sources[1]), LABELS_MAGIC, ())
+  if len(images) != len(labels) or (labels >= NUM_CLASSES).any():
+    raise DataError('%s and %s do not match: %d images, %d labels, labels up to %d. Remove '
+                    'them to download them again.' % (sources[0], sources[1], len(images),
+                                                       len(labels), labels.max()))
+  write_records(path, images.reshape(-1, IMAGE_PIXELS), labels)
+  print('Converted %s and %s to %s, %d records' % (sources[0], sources[1], path,
+                                                   len(labels)))
+
+
+def write_records(path, images, labels):
+  """Writes uint8 [n, 784] images and their labels as the book's Examples.
+
+  Written under a temporary name in the same directory, then renamed: a reader
+  never sees half a file.
+  """
+  fd, tmp_path = tempfile.mkstemp(prefix='.%s.%d.' % (os.path.basename(path), os.getpid()),
+                                  suffix='.part', dir=os.path.dirname(path) or '.')
+  os.close(fd)
+  try:
+    with tf.io.TFRecordWriter(tmp_path) as writer:
+      for image, label in zip(images, labels):
+        writer.write(tf.train.Example(features=tf.train.Features(feature={
+            'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[image.astype(np.uint8).tobytes()])),
+            'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
+            'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+        })).SerializeToString())
+    os.replace(tmp_path, path)
+  except BaseException:
+    os.remove(tmp_path)
+    raise
+
+
+# ---- The pipelines -------------------------------------------------------------
+
+def _parse_batch(serialized):
+  """string [batch] Examples -> (float32 [batch, 784] pixels 0..255, int32 [batch])."""
+  features = tf.io.parse_example(serialized, {
+      'image_raw': tf.io.FixedLenFeature([], tf.string),
+      'label': tf.io.FixedLenFeature([], tf.int64)})
+  images = tf.io.decode_raw(features['image_raw'], tf.uint8)
+  return _to_float(images), tf.cast(features['label'], tf.int32)
+
+
+def _to_float(images):
+  """uint8 -> float32 with the same values, 0..255, as the book's reader."""
+  images = tf.cast(images, tf.float32)
+  return tf.reshape(images, [-1, IMAGE_PIXELS])
+
+
+def train_dataset(data_dir, batch_size):
+  """Endless, shuffled training batches: ONE pipeline that all towers draw from.
+
+  Returns:
+    tf.data.Dataset of (float32 [batch_size, 784], int32 [batch_size]).
+  """
+  path = os.path.join(data_dir, TRAIN_FILE)
+  dataset = tf.data.TFRecordDataset([path]).shuffle(SHUFFLE_BUFFER).repeat()
+  dataset = dataset.batch(batch_size, drop_remainder=True)
+  dataset = dataset.map(_parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
+  return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def seeded_dataset(data_dir, global_batch, seed, start_step=0):
+  """Training batches fixed by (seed, global step) alone (input_lib.SeededPlan).
+
+  The records are held in memory (47 MB for MNIST) so that any of them can be picked.
+
+  Returns:
+    tf.data.Dataset of (float32 [global_batch, 784], int32 [global_batch]); it
+    holds Python state, so read it with an initializable iterator.
+  """
+  images, labels = read_records(os.path.join(data_dir, TRAIN_FILE))
+  plan = input_lib.SeededPlan(len(labels), seed)
+
+  def batches():
+    for step in itertools.count(start_step):
+      order, _ = plan.samples(step * global_batch, global_batch)
+      yield images[order], labels[order].astype(np.int32)
+
+  dataset = tf.data.Dataset.from_generator(batches, output_signature=(
+      tf.TensorSpec([global_batch, IMAGE_PIXELS], tf.uint8),
+      tf.TensorSpec([global_batch], tf.int32)))
+  return dataset.map(lambda x, y: (_to_float(x), y)).prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(eval_data, data_dir, batch_size):
+  """Every record of the chosen split exactly once, in file order.
+
+  Args:
+    eval_data: 'test' (test.tfrecords) or 'train_eval' (train.tfrecords).
+
+  Returns:
+    (tf.data.Dataset of (float32 [<=batch_size, 784], int32 [<=batch_size]),
+     number of records).
+  """
+  if eval_data not in ('test', 'train_eval'):
+    raise DataError("eval_data must be 'test' or 'train_eval', got %r" % (eval_data,))
+  path = os.path.join(data_dir, TEST_FILE if eval_data == 'test' else TRAIN_FILE)
+  num_records = len(read_records(path)[1])
+  dataset = tf.data.TFRecordDataset([path]).batch(batch_size).map(_parse_batch)
+  return dataset.prefetch(tf.data.AUTOTUNE), num_records
+
+
+def synthetic_dataset(batch_size, seed=0):
+  """Random pixels 0..255 and labels held in memory, for timing compute alone."""
+  rng = np.random.default_rng(seed)
+  images = rng.integers(0, 256, (batch_size, IMAGE_PIXELS)).astype(np.float32)
+  labels = rng.integers(0, NUM_CLASSES, batch_size, dtype=np.int32)
+  return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+
+# ---- A small learnable sample, for trying the program offline ---------------------
+
+def make_digits(labels, rng):
+  """uint8 [n, 784] images that show their label: a bar per class at its own place.
+
+  Class k lights rows 2k+4 .. 2k+7 across the middle columns, plus noise: a
+  pattern a fully connected network learns in a few hundred steps.
+  """
+  labels = np.asarray(labels)
+  images = rng.integers(0, 60, (len(labels), IMAGE_SIZE, IMAGE_SIZE))
+  for i, label in enumerate(labels):
+    images[i, 2 * label + 4:2 * label + 8, 4:24] += 180
+  return np.clip(images, 0, 255).astype(np.uint8).reshape(-1, IMAGE_PIXELS)
+
+
+def write_sample(data_dir, train_records=SAMPLE_TRAIN_RECORDS,
+                 test_records=SAMPLE_TEST_RECORDS, seed=0):
+  """Writes data_dir/train.tfrecords and test.tfrecords of learnable digits.
+
+  Raises:
+    DataError: data_dir already holds one of them (nothing is overwritten).
+  """
+  for name in SPLITS:
+    if os.path.exists(os.path.join(data_dir, name)):
+      raise DataError('%s already exists; nothing was written. Choose another directory '
+                      'for the sample, or remove it.' % os.path.join(data_dir, name))
+  os.makedirs(data_dir, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  for name, count in ((TRAIN_FILE, train_records), (TEST_FILE, test_records)):
+    labels = rng.integers(0, NUM_CLASSES, count)
+    write_records(os.path.join(data_dir, name), make_digits(labels, rng), labels)
+
+
+def main(argv=None):
+  """python mnist_input.py --write_sample=DIR: a sample data set, and how to train on it."""
+  import argparse  # only this command line needs it
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument('--write_sample', required=True, metavar='DIR',
+                      help='directory to write train.tfrecords and test.tfrecords into')
+  parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS)
+  parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS)
+  args = parser.parse_args(argv)
+  for name in ('train_records', 'test_records'):
+    if getattr(args, name) < 1:
+      parser.error('--%s must be at least 1, got %d' % (name, getattr(args, name)))
+  try:
+    write_sample(args.write_sample, args.train_records, args.test_records)
+  except (DataError, OSError) as e:
+    sys.exit('error: %s' % e)
+  data_dir = os.path.abspath(args.write_sample)
+  print('Wrote a learnable MNIST sample to %s: %s %d records, %s %d records.'
+        % (data_dir, TRAIN_FILE, args.train_records, TEST_FILE, args.test_records))
+  print('Train on it, then evaluate:\n'
+        '  python multi_gpu_train.py --dataset=mnist --num_gpus=2 --data_dir=%s '
+        '--train_dir=%s_train\n'
+        '  python mnist_eval.py --run_once --data_dir=%s --checkpoint_dir=%s_train '
+        '--eval_dir=%s_eval' % (data_dir, data_dir, data_dir, data_dir, data_dir))
+
+
+
+# The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).
+prepare = maybe_download_and_convert
+
+
+if __name__ == '__main__':
+  main()
