@@ -70,24 +70,23 @@ def read_records(path):
     raise DataError('%s is missing. Run with the --data_dir that holds train.tfrecords '
                     'and test.tfrecords, or remove them both to download and convert '
                     'MNIST again.' % path)
-  images, labels, index = [], [], 0
+  images, labels = [], []
   try:
     # tf_record_iterator checks each record's CRCs. It is deprecated in favour of
     # eager tf.data, which graph-mode programs such as the trainers do not have.
     with deprecation.silence():
       records = tf.compat.v1.io.tf_record_iterator(path)
-    for index, record in enumerate(records):
+    for record in records:
       image, label = _parse(record)
       images.append(image)
       labels.append(label)
-    index = len(labels)
   except tf.errors.OpError as e:  # DataLossError: a bad CRC or a cut-off record
     raise DataError('%s record %d cannot be read: %s. The file is damaged: remove it to '
-                    'convert it again.' % (path, index, _first_line(e))) from None
-  except ValueError as e:
+                    'convert it again.' % (path, len(labels), _first_line(e))) from None
+  except ValueError as e:  # record len(labels) does not hold what it should
     raise DataError('%s record %d: %s. Write records with image_raw (784 bytes), pixels '
                     '(784) and label (0..9), or remove the file to convert MNIST again.'
-                    % (path, index, e)) from None
+                    % (path, len(labels), e)) from None
   if not labels:
     raise DataError('%s holds no records. Remove it to convert MNIST again.' % path)
   return np.stack(images), np.array(labels, np.int64)
@@ -254,13 +253,13 @@ def _parse_batch(serialized):
       'image_raw': tf.io.FixedLenFeature([], tf.string),
       'label': tf.io.FixedLenFeature([], tf.int64)})
   images = tf.io.decode_raw(features['image_raw'], tf.uint8)
+  images.set_shape([serialized.shape[0], IMAGE_PIXELS])  # static when batches are whole
   return _to_float(images), tf.cast(features['label'], tf.int32)
 
 
 def _to_float(images):
   """uint8 -> float32 with the same values, 0..255, as the book's reader."""
-  images = tf.cast(images, tf.float32)
-  return tf.reshape(images, [-1, IMAGE_PIXELS])
+  return tf.cast(images, tf.float32)
 
 
 def train_dataset(data_dir, batch_size):

@@ -663,6 +663,9 @@ def check_flags(also_positive=()):
                'save_every_n_steps') + tuple(also_positive):
     if getattr(FLAGS, name) < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, getattr(FLAGS, name)))
+  if FLAGS.data_md5 and not hasattr(DATASETS[FLAGS.dataset].input, 'DATA_MD5'):
+    sys.exit('error: --data_md5 names a copy of the CIFAR-10 archive; --dataset=%s reads '
+             'files with their own published md5s. Drop --data_md5.' % FLAGS.dataset)
   if FLAGS.seed is not None and FLAGS.seed < 0:
     sys.exit('error: --seed must be 0 or more, got %d' % FLAGS.seed)
   if FLAGS['seed'].present and FLAGS['async_towers'].present and FLAGS.async_towers:

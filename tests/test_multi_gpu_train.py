@@ -59,7 +59,7 @@ def test_average_gradients_missing_gradient_names_variable():
       multi_gpu_train.average_gradients([[(tf.ones([2]), var)], [(None, var)]])
 
 
-def _one_step(num_towers, images, labels, start_values=None):
+def _one_step(num_towers, images, labels, start_values=None, model=cifar10):
   """Builds the trainer's graph over num_towers virtual CPUs and runs one step.
 
   Returns:
@@ -71,7 +71,7 @@ def _one_step(num_towers, images, labels, start_values=None):
   with tf.Graph().as_default():
     graph = multi_gpu_train.build_train_graph(
         lambda: tuple(map(tf.constant, next(slices))),
-        ['/cpu:%d' % i for i in range(num_towers)], per_tower, summaries=False)
+        ['/cpu:%d' % i for i in range(num_towers)], per_tower, summaries=False, model=model)
     variables = tf.compat.v1.global_variables()
     start = [v.assign(start_values[v.op.name]) for v in variables] if start_values else []
     config = multi_gpu_train.session_config(num_cpu_devices=num_towers)
