@@ -47,7 +47,23 @@ def test_write_sample_cli_writes_real_layout_and_its_commands_run(tmp_path):
   assert {p: os.path.getmtime(p) for p in before} == before
 
 
-@pytest.mark.parametrize('script', ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py'])
+def test_mnist_write_sample_cli_commands_run(tmp_path):
+  sample_dir = tmp_path / 'mnist'
+  code, out, err = _run(['mnist_input.py', '--write_sample=%s' % sample_dir,
+                         '--train_records=500', '--test_records=100'])
+  assert code == 0, err
+  assert sorted(os.listdir(sample_dir)) == ['test.tfrecords', 'train.tfrecords']
+  train, evaluate = [shlex.split(line.strip())[1:] for line in out.splitlines()
+                     if line.startswith('  python ')]
+  assert train[:2] == ['multi_gpu_train.py', '--dataset=mnist'] and evaluate[0] == 'mnist_eval.py'
+  code, out, err = _run(train + ['--max_steps=100'])
+  assert code == 0 and 'step 100, loss = ' in out, err
+  code, out, err = _run(evaluate)
+  assert code == 0 and 'precision @ 1 = ' in out and '100 test records' in out, err
+
+
+@pytest.mark.parametrize('script', ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py',
+                                    'mnist_eval.py'])
 def test_helpshort_shows_the_docstring_verbatim(script):
   with open(os.path.join(ROOT, script)) as f:
     as_written = f.read().split('"""')[1]  # the source text: a '\\' line end stays one
