@@ -376,9 +376,9 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   Sample i of the run (global batch k holds samples k * global_batch onwards)
   is sample i mod N of epoch i // N, N the number of records. Each epoch's record
   order, and each sample's crop, flip, brightness and contrast, are drawn from
-  (seed, epoch) alone (input_lib.SeededPlan). So a global batch holds the same images distorted the same
-  way however it is split into towers, and a run resumed at step k starts at
-  sample k * global_batch at no cost. The records are held in memory (150 MB for
+  (seed, epoch) alone (input_lib.SeededPlan). So a global batch holds the same
+  images distorted the same way however it is split into towers, and a run
+  resumed at step k starts at sample k * global_batch at no cost. The records are held in memory (150 MB for
   CIFAR-10) so that any of them can be picked.
 
   Args:

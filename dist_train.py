@@ -88,7 +88,7 @@ SECURITY_WARNING = (
     '--worker_hosts.')
 
 FLAGS = flags.FLAGS
-# From multi_gpu_train, meaning the same per worker: --num_gpus, --batch_size,
+# From multi_gpu_train, meaning the same per worker: --dataset, --num_gpus, --batch_size,
 # --max_steps, --train_dir, --data_dir, --data_url, --data_md5, --log_frequency,
 # --save_every_n_steps, --summary_steps, --synthetic and the session options.
 flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
@@ -508,14 +508,8 @@ def start(cluster, task_index, train_dir, data_dir, num_gpus, synthetic, data_ur
 
 def lock_train_dir(train_dir):
   """The chief's exclusive lock on train_dir (created if missing) for its whole run."""
-  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
-    raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir at '
-                        'a directory (it is created if missing).' % train_dir)
-  try:
-    os.makedirs(train_dir, exist_ok=True)
-  except OSError as e:
-    raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you can '
-                        'write to.' % (train_dir, e.strerror)) from None
+  training_run.check_train_dir(train_dir)
+  training_run.make_train_dir(train_dir)
   return training_run.lock_train_dir(train_dir)
 
 

@@ -1,6 +1,7 @@
 """Trains the CIFAR-10 model on several GPUs at once: synchronous data parallelism.
 
     python multi_gpu_train.py --num_gpus=4
+    python multi_gpu_train.py --dataset=mnist --num_gpus=2   # the book's MNIST, TFRecords
 
 Each GPU runs one tower: a full copy of the model on its own batch, all towers
 sharing one set of variables on the CPU. Each step the towers' gradients are
@@ -13,6 +14,7 @@ Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 Speed on a 2-core CPU without GPUs: about 1,450 examples/sec with 1, 2 or 4 towers
 (benchmarks/benchmark.py; README "Performance").
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
+--seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """
 import os
 
@@ -351,9 +353,7 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
   Returns:
     a TrainRun, or None when train_dir's checkpoint is already at max_steps.
   """
-  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
-    raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
-                        'at a directory (it is created if missing).' % train_dir)
+  training_run.check_train_dir(train_dir)
   lock = None
   if os.path.isdir(train_dir):  # before reading its checkpoints
     lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
@@ -368,11 +368,7 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
   if not synthetic:
     data_input.prepare(data_dir, data_url, data_md5)
   if lock is None:
-    try:
-      os.makedirs(train_dir, exist_ok=True)
-    except OSError as e:
-      raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
-                          'can write to.' % (train_dir, e.strerror)) from None
+    training_run.make_train_dir(train_dir)
     lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
   if fresh:  # last of the checks: nothing moves unless the run can start
     training_run.set_aside(train_dir)
@@ -404,7 +400,8 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
     with tf.Graph().as_default():
       if seed is not None:
         tf.compat.v1.set_random_seed(seed)  # the initial weights
-        tf.config.experimental.enable_op_determinism()
+        if any(device.startswith('/gpu') for device in devices):  # CPU kernels repeat as they are
+          exit_stack.enter_context(training_run.op_determinism())
       next_batch, input_init = input_pipeline(data_dir, num_gpus, batch_size, synthetic,
                                               seed, run.start_step, data.input)
       graph = build_train_graph(next_batch, devices, batch_size, async_towers,

@@ -3,20 +3,23 @@
 Both trainers (multi_gpu_train.py and dist_train.py's chief) use these:
 
     lock = lock_train_dir(train_dir)        # one trainer per directory, or a clear stop
-    checkpoint, step = checkpoint_to_resume(train_dir)
+    path, step, kept, notes = checkpoint_to_resume(train_dir)
     saver = make_saver(...)                 # relative paths; rotation across restarts
+    save_checkpoint(sess, saver, ...)       # a failed write: one line, nothing lost
     stop = StopSignals()                    # Ctrl-C and SIGTERM: finish the step, save
+    write_run_record(train_dir, record)     # what the run used, as JSON
 
 Nothing here builds a model or reads flags. Errors are TrainingError, with a
 message that names the path, what is wrong and what to do.
 """
+import contextlib
 import errno
 import fcntl
 import glob
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -69,6 +72,22 @@ def list_gpus():
 
 
 # ---- One trainer per directory -------------------------------------------------
+
+def check_train_dir(train_dir):
+  """Raises TrainingError when train_dir names something other than a directory."""
+  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+    raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
+                        'at a directory (it is created if missing).' % train_dir)
+
+
+def make_train_dir(train_dir):
+  """Creates train_dir if missing, or raises TrainingError naming it and the OS error."""
+  try:
+    os.makedirs(train_dir, exist_ok=True)
+  except OSError as e:
+    raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
+                        'can write to.' % (train_dir, e.strerror)) from None
+
 
 def lock_train_dir(train_dir):
   """Takes an exclusive OS lock on train_dir for as long as the returned file is open.
@@ -135,6 +154,23 @@ def text_summary(tag, record):
   value.metadata.plugin_data.plugin_name = 'text'
   value.tensor.CopyFrom(tf.make_tensor_proto(text))
   return summary
+
+
+@contextlib.contextmanager
+def op_determinism():
+  """TensorFlow's deterministic GPU kernels, for one run.
+
+  The switch is process-wide; it is put back as it was at the end, so that an
+  unseeded run in the same process (a test, a notebook) does not inherit it.
+  """
+  from tensorflow.python.framework import config  # the public API can only switch it on
+  was_on = config.is_op_determinism_enabled()
+  tf.config.experimental.enable_op_determinism()
+  try:
+    yield
+  finally:
+    if not was_on:
+      config.disable_op_determinism()
 
 
 # ---- Stopping on a signal ------------------------------------------------------
