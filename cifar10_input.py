@@ -409,8 +409,11 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
                      tf.TensorSpec([global_batch], tf.float32)))
   dataset = tf.data.Dataset.from_generator(
       batches, output_signature=(signature[0],) + tuple(signature[1]))
-  dataset = dataset.map(lambda raw, *draws: _distort(raw, Draws(*draws)))
-  return dataset.prefetch(tf.data.AUTOTUNE)
+  dataset = dataset.map(lambda raw, *draws: _distort(raw, Draws(*draws)),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  options = tf.data.Options()
+  options.experimental_optimization.apply_default_optimizations = False
+  return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 def _numpy_draws(rng, n):
