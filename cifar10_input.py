@@ -16,7 +16,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; 
 
 import collections
 import io
-import itertools
 import posixpath
 import re
 import shutil
@@ -373,13 +372,11 @@ def distorted_dataset(data_dir, batch_size, distort=True):
 def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   """Training batches that repeat exactly, whatever the towers, and resume exactly.
 
-  Sample i of the run (global batch k holds samples k * global_batch onwards)
-  is sample i mod N of epoch i // N, N the number of records. Each epoch's record
-  order, and each sample's crop, flip, brightness and contrast, are drawn from
-  (seed, epoch) alone (input_lib.SeededPlan). So a global batch holds the same
-  images distorted the same way however it is split into towers, and a run
-  resumed at step k starts at sample k * global_batch at no cost. The records are held in memory (150 MB for
-  CIFAR-10) so that any of them can be picked.
+  Each sample's record, crop, flip, brightness and contrast are fixed by
+  (seed, epoch, its position in the epoch) alone (input_lib.seeded_dataset). So a
+  global batch holds the same images distorted the same way however it is split
+  into towers. The records are held in memory (150 MB for CIFAR-10) so that any
+  of them can be picked.
 
   Args:
     data_dir: str, holds cifar-10-batches-bin/.
@@ -388,40 +385,28 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
     start_step: int, the global step the run starts from.
 
   Returns:
-    tf.data.Dataset of (float32 [global_batch, 24, 24, 3], int32 [global_batch]);
-    it holds Python state, so read it with an initializable iterator.
+    (tf.data.Dataset of (float32 [global_batch, 24, 24, 3], int32 [global_batch]),
+     the op that loads the records, to run once in the session).
   """
   paths = [os.path.join(batches_dir(data_dir), f) for f in TRAIN_FILES]
-  check_data_files(paths)
-  records = np.concatenate([np.fromfile(p, np.uint8).reshape(-1, RECORD_BYTES)
-                            for p in paths])
-  plan = input_lib.SeededPlan(len(records), seed, _numpy_draws)
-
-  def batches():
-    for step in itertools.count(start_step):
-      order, draws = plan.samples(step * global_batch, global_batch)
-      yield (records[order],) + tuple(draws)
-
-  signature = (tf.TensorSpec([global_batch, RECORD_BYTES], tf.uint8),
-               Draws(tf.TensorSpec([global_batch, 2], tf.int32),
-                     tf.TensorSpec([global_batch], tf.bool),
-                     tf.TensorSpec([global_batch], tf.float32),
-                     tf.TensorSpec([global_batch], tf.float32)))
-  dataset = tf.data.Dataset.from_generator(
-      batches, output_signature=(signature[0],) + tuple(signature[1]))
-  dataset = dataset.map(lambda raw, *draws: _distort(raw, Draws(*draws)),
-                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  options = tf.data.Options()
-  options.experimental_optimization.apply_default_optimizations = False
-  return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+  num_records = check_data_files(paths)
+  with tf.device('/cpu:0'):
+    records = input_lib.records_variable(tf.concat(
+        [tf.reshape(tf.io.decode_raw(tf.io.read_file(p), tf.uint8), [-1, RECORD_BYTES])
+         for p in paths], axis=0), name='seeded_records')
+  dataset = input_lib.seeded_dataset(records, num_records, global_batch, seed, start_step,
+                                     num_uniforms=5, to_batch=_distort_seeded)
+  return dataset, records.initializer
 
 
-def _numpy_draws(rng, n):
-  """The seeded pipeline's Draws for n samples, in numpy."""
-  return Draws(rng.integers(0, MAX_CORNER + 1, (n, 2), dtype=np.int32),
-               rng.random(n) < 0.5,
-               rng.uniform(-MAX_BRIGHTNESS_DELTA, MAX_BRIGHTNESS_DELTA, n).astype(np.float32),
-               rng.uniform(*CONTRAST_RANGE, n).astype(np.float32))
+def _distort_seeded(raw, uniforms):
+  """_distort() with its Draws made from five uniforms [0, 1) per image."""
+  draws = Draws(
+      tf.cast(uniforms[:, 0:2] * (MAX_CORNER + 1), tf.int32),
+      uniforms[:, 2] < 0.5,
+      (uniforms[:, 3] * 2 - 1) * MAX_BRIGHTNESS_DELTA,
+      CONTRAST_RANGE[0] + uniforms[:, 4] * (CONTRAST_RANGE[1] - CONTRAST_RANGE[0]))
+  return _distort(raw, draws)
 
 
 def distorted_inputs(data_dir, batch_size):

@@ -16,7 +16,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 
 import gzip
-import itertools
 import re
 import struct
 import sys
@@ -276,26 +275,30 @@ def train_dataset(data_dir, batch_size):
 
 
 def seeded_dataset(data_dir, global_batch, seed, start_step=0):
-  """Training batches fixed by (seed, global step) alone (input_lib.SeededPlan).
+  """Training batches fixed by (seed, global step) alone (input_lib.seeded_dataset).
 
   The records are held in memory (47 MB for MNIST) so that any of them can be picked.
 
   Returns:
-    tf.data.Dataset of (float32 [global_batch, 784], int32 [global_batch]); it
-    holds Python state, so read it with an initializable iterator.
+    (tf.data.Dataset of (float32 [global_batch, 784], int32 [global_batch]),
+     the op that loads the records, to run once in the session).
   """
-  images, labels = read_records(os.path.join(data_dir, TRAIN_FILE))
-  plan = input_lib.SeededPlan(len(labels), seed)
+  path = os.path.join(data_dir, TRAIN_FILE)
+  num_records = len(read_records(path)[1])
+  with tf.device('/cpu:0'):
+    all_records = tf.data.TFRecordDataset([path]).batch(num_records).get_single_element()
+    images, labels = _parse_batch(all_records)
+    # One row per record, as CIFAR-10's: the label byte, then the pixels.
+    rows = tf.concat([tf.cast(labels[:, None], tf.uint8), tf.cast(images, tf.uint8)], axis=1)
+    records = input_lib.records_variable(rows, name='seeded_records')
 
-  def batches():
-    for step in itertools.count(start_step):
-      order, _ = plan.samples(step * global_batch, global_batch)
-      yield images[order], labels[order].astype(np.int32)
+  def to_batch(raw, uniforms):
+    del uniforms  # the book's reader does not distort
+    return _to_float(raw[:, 1:]), tf.cast(raw[:, 0], tf.int32)
 
-  dataset = tf.data.Dataset.from_generator(batches, output_signature=(
-      tf.TensorSpec([global_batch, IMAGE_PIXELS], tf.uint8),
-      tf.TensorSpec([global_batch], tf.int32)))
-  return dataset.map(lambda x, y: (_to_float(x), y)).prefetch(tf.data.AUTOTUNE)
+  dataset = input_lib.seeded_dataset(records, num_records, global_batch, seed, start_step,
+                                     num_uniforms=0, to_batch=to_batch)
+  return dataset, records.initializer
 
 
 def eval_dataset(eval_data, data_dir, batch_size):

@@ -435,12 +435,12 @@ def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
   """
   with tf.device('/cpu:0'):
     if seed is not None and not synthetic:
-      dataset = data_input.seeded_dataset(data_dir, batch_size * num_gpus, seed,
-                                          start_step)
+      dataset, load_records = data_input.seeded_dataset(data_dir, batch_size * num_gpus,
+                                                        seed, start_step)
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
       images, labels = iterator.get_next()
       towers = iter(list(zip(tf.split(images, num_gpus), tf.split(labels, num_gpus))))
-      return lambda: next(towers), iterator.initializer
+      return lambda: next(towers), tf.group(load_records, iterator.initializer)
     if synthetic:
       dataset = data_input.synthetic_dataset(batch_size)
     else:
