@@ -226,9 +226,9 @@ def build_train_graph(next_batch, devices, batch_size, async_towers=False,
       per step. True: each tower applies its own gradients (one train op each).
     summaries: bool, build the TensorBoard summary op.
     variables_device: where the shared variables live; '' leaves them to an
-      enclosing device function (dist_train.py's replica_device_setter).
+      enclosing device function (a parameter-server replica_device_setter).
     wrap_optimizer: optional callable taking and returning the optimizer
-      (dist_train.py wraps it in SyncReplicasOptimizer).
+      (for instance in a SyncReplicasOptimizer).
     model: the model package (DATASETS[...].model): its inference, loss and constants.
 
   Returns:
@@ -655,7 +655,11 @@ def apply_dataset_defaults():
 
 
 def check_flags(also_positive=()):
-  """Stops the run, naming the flag, when a flag shared with dist_train.py is out of range."""
+  """Stops the run, naming the flag, when a trainer flag is out of range.
+
+  Args:
+    also_positive: names of the calling program's own flags that must be >= 1.
+  """
   for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency',
                'save_every_n_steps') + tuple(also_positive):
     if getattr(FLAGS, name) < 1:
