@@ -53,7 +53,7 @@ BATCHES_DIR = 'cifar-10-batches-bin'  # cifar10_input's; this parent imports no 
 # ---- Benchmark knobs: edit, save, rerun -----------------------------------------
 TOWERS = '1,2,4'                  # tower counts of the table, one row each
 BATCH_SIZE = 128                  # images per tower, as the trainer's BATCH_SIZE
-TIMED_STEPS = 50                  # steps timed per configuration; the median is reported
+TIMED_STEPS = 30                  # steps timed per configuration; the median is reported
 WARMUP_STEPS = 10                 # untimed steps first: graph optimisation, buffers filling
 REPEATS = 1                       # times the whole interleaved sequence runs
 DIST_TOWERS = 2                   # towers per worker in the distribution rows
