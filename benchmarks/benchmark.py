@@ -53,8 +53,8 @@ BATCHES_DIR = 'cifar-10-batches-bin'  # cifar10_input's; this parent imports no 
 # ---- Benchmark knobs: edit, save, rerun -----------------------------------------
 TOWERS = '1,2,4'                  # tower counts of the table, one row each
 BATCH_SIZE = 128                  # images per tower, as the trainer's BATCH_SIZE
-TIMED_STEPS = 30                  # steps timed per configuration; the median is reported
-WARMUP_STEPS = 10                 # untimed steps first: graph optimisation, buffers filling
+TIMED_STEPS = 15                  # steps timed per configuration; the median is reported
+WARMUP_STEPS = 5                  # untimed steps first: graph optimisation, buffers filling
 REPEATS = 1                       # times the whole interleaved sequence runs
 DIST_TOWERS = 2                   # towers per worker in the distribution rows
 RECORDS_PER_FILE = 10000          # generated records per .bin file, as the official files
