@@ -1,8 +1,10 @@
 """The CIFAR-10 tutorial model in Keras, trained with tf.distribute.MirroredStrategy.
 
-The benchmark's peer: the same layers, initialisers, weight decay and learning rate
+The benchmark's peers: the same layers, initialisers, weight decay and learning rate
 as cifar10/model.py, written the way TensorFlow 2 recommends, so that the trainer's
-examples/sec can be read against it. benchmark.py runs it; nothing here times.
+examples/sec can be read against them. Two ways to train it: make_train_step, the
+custom loop an expert writes, and compile_with_defaults for model.fit, what most
+Keras users write. measure_peers.py times them; nothing here times.
 
 Differences from the trainer, all cheap per step: a constant learning rate (the
 trainer's decays once per 350 epochs, so it is constant here too) and no moving
@@ -62,6 +64,17 @@ def build_model():
                         kernel_initializer=init.TruncatedNormal(stddev=1 / 192.0),
                         bias_initializer=init.Constant(0.0))(x)
   return keras.Model(images, logits, name='cifar10')
+
+
+def compile_with_defaults(model):
+  """model.compile as most users call it before model.fit.
+
+  SGD at the tutorial's rate and the cross-entropy on logits; every other argument
+  (jit_compile, steps_per_execution, the loss reduction) at Keras' default. The weight
+  decay joins the loss through the layers' regularisers.
+  """
+  model.compile(optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
 def make_train_step(strategy, model, optimizer, global_batch_size):

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/benchmark.py: a --quick run end to end, in a subprocess."""
+"""benchmarks/: a --quick run end to end in a subprocess, and the parent's parts by hand."""
 import json
 import os
 import subprocess
@@ -7,39 +7,144 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARK = os.path.join(ROOT, 'benchmarks', 'benchmark.py')
-TIMEOUT_SECS = 600        # --quick takes about 30 s on 2 idle cores
+BENCHMARKS = os.path.join(ROOT, 'benchmarks')
+BENCHMARK = os.path.join(BENCHMARKS, 'benchmark.py')
+sys.path.insert(0, BENCHMARKS)
+
+import dist_rows  # noqa: E402  the parent's modules import no TensorFlow
+import targets  # noqa: E402
+
+TIMEOUT_SECS = 600        # --quick takes about 70 s on 2 idle cores
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
+DIST_LABELS = [label for label, _, _ in dist_rows.RUNS]
+TRAINER_LINE = '2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; 0.100 sec/batch)'
+WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; '
+               '0.100 sec/batch) [worker %d, local step %d]')
 
 
-@pytest.mark.slow
-def test_benchmark_quick_run_writes_positive_numbers(tmp_path):
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+  """One --quick run for the module's tests: (its JSON's table, its stdout)."""
+  tmp_path = tmp_path_factory.mktemp('benchmark')
   json_path = tmp_path / 'benchmark.json'
   proc = subprocess.run([sys.executable, BENCHMARK, '--quick', '--json', str(json_path)],
                         capture_output=True, text=True, timeout=TIMEOUT_SECS,
                         cwd=str(tmp_path))
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert 'ours/peer' in proc.stdout  # the table was printed
-  table = json.loads(json_path.read_text())['table']
+  return json.loads(json_path.read_text())['table'], proc.stdout
 
+
+@pytest.mark.slow
+def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
+  table, stdout = quick
+  assert 'ours/peer' in stdout and 'ours/fit' in stdout
+  for label in DIST_LABELS:
+    assert label in stdout
+  assert 'Targets, each against what this run measured:' in stdout
+  assert [t['name'] for t in table['targets']] == [
+      'ours / custom-loop peer, every N', 'ours / model.fit peer, every N',
+      'ours of matmul rate at N=1', 'real / synthetic input, every N',
+      'dist_train.py 1 worker / multi_gpu_train.py']
+  for target in table['targets']:
+    assert target['verdict'] == 'met' or target['verdict'].startswith('SHORT by '), target
+  assert set(table['targets'][-1]['measured']) == {'async', 'sync'}
+
+
+@pytest.mark.slow
+def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
+  table, _ = quick
   assert table['flops_per_example']['total'] == FLOPS_PER_EXAMPLE
   assert [l['name'] for l in table['flops_per_example']['layers']] == [
       'conv1', 'conv2', 'local3', 'local4', 'softmax_linear']
   assert table['matmul']['gflops'] > 0
   assert table['pipeline']['examples_per_sec'] > 0
-
   row = table['towers']['1']
   assert row['global_batch'] == 16
-  for kind in ('real', 'synthetic', 'peer'):
+  for kind in ('real', 'synthetic', 'peer', 'fit'):
     stats = row[kind]
     assert 0 < stats['min'] <= stats['examples_per_sec'] <= stats['max'], (kind, stats)
     assert stats['peak_mb'] > 0 and stats['steps'] == 3, (kind, stats)
-  for key in ('real_over_synthetic', 'ours_over_peer', 'achieved_gflops',
+  for key in ('real_over_synthetic', 'ours_over_peer', 'ours_over_fit', 'achieved_gflops',
               'fraction_of_matmul'):
     assert row[key] > 0, key
+  assert table['dist'][DIST_LABELS[0]]['vs_multi_gpu_train'] == 1.0
+  for label in DIST_LABELS:
+    assert table['dist'][label]['examples_per_sec'] > 0, label
 
-  # The peer is the same model: a fresh one's loss is ln(10) + the same weight decay.
-  first_loss = {r['label']: r['first_loss'] for r in table['runs'] if 'first_loss' in r}
-  assert first_loss['peer N=1 synthetic'] == pytest.approx(
-      first_loss['ours N=1 synthetic'], abs=0.05)
-  assert first_loss['ours N=1 synthetic'] == pytest.approx(4.68, abs=0.05)
+
+@pytest.mark.slow
+def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(quick):
+  table, _ = quick
+  runs = {r['label']: r for r in table['runs']}
+  # A fresh model's loss is ln(10) + the weight decay, in ours and in both peers.
+  assert runs['ours N=1 synthetic']['first_loss'] == pytest.approx(4.68, abs=0.05)
+  for label in ('custom-loop peer N=1 synthetic', 'model.fit peer N=1 synthetic'):
+    assert runs[label]['first_loss'] == pytest.approx(
+        runs['ours N=1 synthetic']['first_loss'], abs=0.05), label
+  assert runs['model.fit peer N=1 synthetic']['jit_compile'] is False  # 'auto', no GPU
+  # Two workers: both trained inside the window the rate comes from.
+  for label in DIST_LABELS[3:]:
+    assert sorted(runs[label]['loss_lines']) == ['worker0', 'worker1'], label
+
+
+def test_benchmark_parent_imports_no_tensorflow():
+  code = ('import sys; sys.path.insert(0, %r); import benchmark, table, dist_rows, extras, '
+          'knobs, runner, targets; assert "tensorflow" not in sys.modules, "imported"'
+          % BENCHMARKS)
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+  assert proc.returncode == 0, proc.stderr
+
+
+def test_benchmark_bad_flag_exits_with_one_line_naming_it():
+  proc = subprocess.run([sys.executable, BENCHMARK, '--towers=1,x'], capture_output=True,
+                        text=True)
+  assert proc.returncode == 1
+  assert proc.stderr == "error: --towers must be comma-separated integers, got '1,x'\n"
+  proc = subprocess.run([sys.executable, BENCHMARK, '--tower=1'], capture_output=True,
+                        text=True)
+  assert proc.stderr == ('error: unrecognized arguments: --tower=1 (--help lists the '
+                         'flags)\n')
+
+
+def test_steps_by_task_reads_worker_and_trainer_loss_lines():
+  output = '\n'.join([
+      WORKER_LINE % (0, '09.5', 3, 0, 2),
+      '[worker1] worker 1: training from global step 0',
+      WORKER_LINE % (1, '10.25', 4, 1, 1),
+      TRAINER_LINE % ('11', 7),  # microseconds 0: datetime prints none
+  ])
+  tasks = dist_rows.steps_by_task(output)
+  assert sorted(tasks) == ['local', 'worker0', 'worker1']
+  assert [step for step, _ in tasks['worker0']] == [2]  # the local step, not the global
+  assert tasks['worker1'][0][1] - tasks['worker0'][0][1] == pytest.approx(0.75)
+  assert tasks['local'][0][0] == 7
+
+
+def test_window_rate_two_workers_counts_only_while_both_train():
+  # worker0 trains alone from t=0, worker1 joins; worker1 ends first at t=10.
+  tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 4.0), (6, 6.0),
+                       (7, 8.0), (8, 10.0), (9, 12.0)],
+           'worker1': [(1, 3.5), (2, 4.0), (3, 6.0), (4, 8.0), (5, 10.0)]}
+  # Opens at worker1's local step 2 (t=4), closes at its last line (t=10): worker0 does
+  # steps 5..8 in 6 s, worker1 steps 2..5 in 6 s, 3 steps x 100 images each.
+  rate, window = dist_rows.window_rate(tasks, 2, 100)
+  assert window == 6.0
+  assert rate == pytest.approx(2 * 3 * 100 / 6.0)
+
+
+def test_window_rate_without_overlap_says_which_task():
+  tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0)], 'worker1': [(1, 2.5), (2, 3.0)]}
+  assert dist_rows.window_rate(tasks, 1, 100) == (
+      None, 'worker0 has 0 loss lines while all tasks train')
+
+
+def test_targets_check_short_target_says_by_how_much(capsys):
+  row = dict(ours_over_peer=1.10, ours_over_fit=1.2, fraction_of_matmul=0.75,
+             real_over_synthetic=0.96)
+  dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.9),
+          '1 worker sync': dict(workers=1, sync=True, vs_multi_gpu_train=0.6),
+          '2 workers': dict(workers=2, sync=False, vs_multi_gpu_train=0.1)}
+  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.4)}, dist)
+  assert [r['verdict'] for r in results] == [
+      'met', 'SHORT by 7.7% (N=1: 1.20)', 'met', 'met', 'SHORT by 25.0% (sync: 0.60)']
+  assert 'N=1 1.20, N=2 1.40' in capsys.readouterr().out

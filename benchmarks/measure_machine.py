@@ -1,0 +1,72 @@
+"""Workers that measure the model and the machine rather than a trainer.
+
+flops: multiply-adds per example of each layer, read from cifar10.inference's graph.
+matmul: the machine's float32 matmul rate, the yardstick for "of matmul".
+pipeline: the input pipeline alone, no model.
+"""
+import statistics
+
+import tensorflow as tf
+
+import cifar10
+import cifar10_input
+import multi_gpu_train
+from timing import peak_mb, time_steps
+
+
+def flops(config):
+  """Multiply-adds per example of each Conv2D and MatMul of cifar10.inference."""
+  del config
+  with tf.Graph().as_default() as graph:
+    images = tf.compat.v1.placeholder(tf.float32, [1, cifar10.IMAGE_SIZE,
+                                                   cifar10.IMAGE_SIZE, 3])
+    cifar10.inference(images)
+  layers = []
+  for op in graph.get_operations():
+    if op.type == 'Conv2D':
+      _, height, width, out_channels = op.outputs[0].shape
+      kernel_h, kernel_w, in_channels, _ = op.inputs[1].shape
+      macs = height * width * out_channels * kernel_h * kernel_w * in_channels
+    elif op.type == 'MatMul':
+      inputs, outputs = op.inputs[1].shape
+      macs = inputs * outputs
+    else:
+      continue
+    layers.append(dict(name=op.name.split('/')[0], op=op.type, macs=int(macs),
+                       input_gradient=op.inputs[0] is not images))
+  return dict(layers=layers)
+
+
+def matmul(config):
+  """The machine's float32 matmul rate: an n x n product in a graph session, all cores."""
+  tf.compat.v1.disable_eager_execution()
+  n = config['size']
+  with tf.Graph().as_default():
+    # Variables, not constants, so grappler cannot fold the product away.
+    normal = tf.compat.v1.random_normal_initializer()
+    a = tf.compat.v1.get_variable('a', [n, n], initializer=normal)
+    b = tf.compat.v1.get_variable('b', [n, n], initializer=normal)
+    product = tf.matmul(a, b)
+    with tf.compat.v1.Session(config=multi_gpu_train.session_config(1)) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      # Running the op without fetching its output: no 16 MB copy into numpy.
+      durations = time_steps(lambda: sess.run(product.op), 2, config['runs'])
+  return dict(durations=durations, gflops=2 * n ** 3 / statistics.median(durations) / 1e9,
+              peak_mb=peak_mb())
+
+
+def pipeline(config):
+  """The input pipeline alone: distorted_dataset batches, no model."""
+  tf.compat.v1.disable_eager_execution()
+  with tf.Graph().as_default():
+    with tf.device('/cpu:0'):
+      dataset = cifar10_input.distorted_dataset(config['data_dir'], config['batch_size'])
+      images, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    session_config = multi_gpu_train.session_config(
+        1, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
+    with tf.compat.v1.Session(config=session_config) as sess:
+      # The op alone: the batch stays in TensorFlow, as it does for the towers.
+      durations = time_steps(lambda: sess.run(images.op), config['warmup'],
+                             config['steps'])
+  return dict(durations=durations, examples_per_step=config['batch_size'],
+              peak_mb=peak_mb())

@@ -1,0 +1,143 @@
+"""Workers that time the trainer's own step: multi_gpu_train's graph, input and session.
+
+ours: one sess.run of [train op, loss] per step, as train() runs it.
+extras: the same graph with summaries; update-only, train-op and summary steps
+  alternating in one session, for what moving averages and summaries cost.
+"""
+import collections
+import tempfile
+import time
+
+import tensorflow as tf
+
+import cifar10_input
+import multi_gpu_train
+from timing import check_losses, peak_mb, time_steps
+
+Trainer = collections.namedtuple('Trainer', [
+    'ops',             # build_train_graph's dict: train_ops, apply_ops, loss, summary_op, ...
+    'input_init',      # the op that starts the input, to run once in the session
+    'session_config',  # the trainer's ConfigProto for these towers and threads
+    'devices',         # one device string per tower
+    'where',           # tower_devices' line saying where the towers run
+])
+
+
+def build_trainer(config):
+  """train()'s input and graph, from the trainer's own functions, in the default graph.
+
+  config keys: towers, batch_size, input ('synthetic' or 'real'), data_dir, intra,
+  inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
+  pipeline's own prefetch; 0: none), summaries (build the summary op), seed
+  (optional; real input through the trainer's --seed pipeline).
+
+  Returns:
+    a Trainer.
+  """
+  batch_size = config['batch_size']
+  devices, num_cpu_devices, where = multi_gpu_train.tower_devices(config['towers'])
+  if config.get('seed') is not None:
+    next_batch, input_init = multi_gpu_train.input_pipeline(
+        config['data_dir'], config['towers'], batch_size, seed=config['seed'])
+  else:
+    with tf.device('/cpu:0'):
+      if config['input'] == 'synthetic':
+        dataset = cifar10_input.synthetic_dataset(batch_size)
+      else:
+        dataset = cifar10_input.distorted_dataset(config['data_dir'], batch_size)
+      if config['extra_prefetch']:
+        dataset = dataset.prefetch(config['extra_prefetch'])
+      iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+      next_batch, input_init = iterator.get_next, iterator.initializer
+  ops = multi_gpu_train.build_train_graph(next_batch, devices, batch_size,
+                                          async_towers=False, summaries=config['summaries'])
+  session_config = multi_gpu_train.session_config(
+      num_cpu_devices, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
+  if config['xla']:
+    session_config.graph_options.optimizer_options.global_jit_level = (
+        tf.compat.v1.OptimizerOptions.ON_1)
+  return Trainer(ops, input_init, session_config, devices, where)
+
+
+def ours(config):
+  """The trainer's step: [train op, loss] in one sess.run, timed.
+
+  config: as build_trainer's, plus steps and warmup.
+  """
+  tf.compat.v1.disable_eager_execution()
+  with tf.Graph().as_default():
+    trainer = build_trainer(config)
+    fetches = [trainer.ops['train_ops'][0], trainer.ops['loss']]
+    init = tf.compat.v1.global_variables_initializer()
+    result = dict(where=trainer.where,
+                  examples_per_step=config['batch_size'] * len(trainer.devices))
+    with tf.compat.v1.Session(config=trainer.session_config) as sess:
+      sess.run([init, trainer.input_init])
+      losses = []
+      result['durations'] = time_steps(lambda: losses.append(sess.run(fetches)[1]),
+                                       config['warmup'], config['steps'])
+      if config['xla']:
+        result['xla_ops_run'] = count_xla_ops(sess, fetches)
+  check_losses('ours', losses)
+  result.update(first_loss=float(losses[0]), last_loss=float(losses[-1]), peak_mb=peak_mb())
+  return result
+
+
+def extras(config):
+  """The trainer's per-step extras, timed step by step in one session.
+
+  One graph with summaries; each round times an update-only step and a train-op
+  step (alternating which goes first), and every few rounds a summary step: the
+  train op plus the summary op and the write of its result, as the trainer does
+  once per SUMMARY_STEPS steps. Steps that do not fetch the summary op do not run
+  it, so the train-op steps cost what they cost in a graph without summaries
+  (run_extras checks that against a summaries=False process).
+
+  config: as build_trainer's, plus steps, warmup and summary_samples.
+  """
+  tf.compat.v1.disable_eager_execution()
+  with tf.Graph().as_default():
+    trainer = build_trainer(dict(config, summaries=True))
+    loss, train_op = trainer.ops['loss'], trainer.ops['train_ops'][0]
+    kinds = dict(update_only=[trainer.ops['apply_ops'][0], loss], train_op=[train_op, loss],
+                 summary=[train_op, loss, trainer.ops['summary_op']])
+    init = tf.compat.v1.global_variables_initializer()
+    durations = {kind: [] for kind in kinds}
+    losses = []
+    every = max(1, config['steps'] // config['summary_samples'])
+    with tf.compat.v1.Session(config=trainer.session_config) as sess, \
+        tempfile.TemporaryDirectory() as log_dir:
+      sess.run([init, trainer.input_init])
+      writer = tf.compat.v1.summary.FileWriter(log_dir)
+
+      def step(kind, timed=True):
+        start = time.perf_counter()
+        results = sess.run(kinds[kind])
+        if kind == 'summary':
+          writer.add_summary(results[2], len(losses))
+        if timed:
+          durations[kind].append(time.perf_counter() - start)
+        losses.append(results[1])
+
+      for kind in kinds:  # the first summary step also builds the histograms' kernels
+        for _ in range(config['warmup']):
+          step(kind, timed=False)
+      for i in range(config['steps']):
+        for kind in ('update_only', 'train_op') if i % 2 else ('train_op', 'update_only'):
+          step(kind)
+        if i % every == 0:
+          step('summary')
+      writer.close()
+  check_losses('ours with extras', losses)
+  return dict(where=trainer.where, durations=durations, peak_mb=peak_mb(),
+              examples_per_step=config['batch_size'] * len(trainer.devices),
+              summary_steps=multi_gpu_train.SUMMARY_STEPS)
+
+
+def count_xla_ops(sess, fetches):
+  """Compiled XLA clusters that ran in one traced step: 0 means XLA did nothing."""
+  options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+  metadata = tf.compat.v1.RunMetadata()
+  sess.run(fetches, options=options, run_metadata=metadata)
+  return sum(1 for device in metadata.step_stats.dev_stats for node in device.node_stats
+             if 'XlaRun' in node.timeline_label or 'XlaRun' in node.node_name)

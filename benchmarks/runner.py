@@ -1,0 +1,117 @@
+"""The parent's side of a worker: start it, read its result, summarise step times.
+
+Imports no TensorFlow: every number comes from a worker.py subprocess.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from timing import RESULT_PREFIX, BenchmarkError
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'worker.py')
+WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed
+
+
+class Runner:
+  """Runs worker subprocesses one at a time, numbering them for the progress lines."""
+
+  def __init__(self, total):
+    self.total, self.done = total, 0
+
+  def run(self, label, config, env=None):
+    """Runs one configuration in a fresh process; returns its result dict."""
+    command = [sys.executable, WORKER, json.dumps(config)]
+    start = time.time()
+    try:
+      proc = subprocess.run(command, capture_output=True, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {})),
+                            timeout=WORKER_TIMEOUT_SECS)
+    except subprocess.TimeoutExpired as e:
+      raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps or '
+                           '--batch_size' % (label, WORKER_TIMEOUT_SECS)) from e
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if proc.returncode or not lines:
+      output = (proc.stdout + proc.stderr).strip().splitlines()
+      raise BenchmarkError('%s failed (exit status %d). Its last output lines:\n%s\n'
+                           'To rerun it alone: python %s \'%s\''
+                           % (label, proc.returncode, '\n'.join(output[-25:]),
+                              os.path.relpath(WORKER), json.dumps(config)))
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    result.update(label=label, config=config, wall_sec=time.time() - start)
+    self.progress(label, _rate_note(result), result['wall_sec'])
+    return result
+
+  def progress(self, label, note, wall_sec):
+    """Counts a run as done and says so on stderr: '[ 4/17] ours N=1 synthetic: ...'."""
+    self.done += 1
+    print('[%2d/%d] %s%s (%.0f s)' % (self.done, self.total, label, note, wall_sec),
+          file=sys.stderr, flush=True)
+
+
+def _rate_note(result):
+  if 'examples_per_step' in result:
+    durations = result['durations']
+    if isinstance(durations, dict):  # extras: the train op's steps
+      durations = durations['train_op']
+    return ': %.1f examples/sec' % (result['examples_per_step'] /
+                                    statistics.median(durations))
+  if 'gflops' in result:
+    return ': %.1f GFLOP/s' % result['gflops']
+  return ''
+
+
+def repeat_tag(repeat, repeats):
+  """' (repeat 2/3)' for the progress lines, '' when there is one repeat."""
+  return ' (repeat %d/%d)' % (repeat + 1, repeats) if repeats > 1 else ''
+
+
+def rate_stats(results):
+  """examples/sec over one configuration's runs (one per repeat).
+
+  Returns:
+    dict: examples_per_sec (median over repeats of each run's median step),
+    min and max (slowest and fastest single step of any run), peak_mb (largest).
+  """
+  medians = [r['examples_per_step'] / statistics.median(r['durations']) for r in results]
+  return dict(examples_per_sec=statistics.median(medians),
+              min=min(r['examples_per_step'] / max(r['durations']) for r in results),
+              max=max(r['examples_per_step'] / min(r['durations']) for r in results),
+              per_repeat=medians, peak_mb=max(r['peak_mb'] for r in results),
+              steps=sum(len(r['durations']) for r in results))
+
+
+def rate(stats, width=7):
+  """'  812 [ 640- 851]': median examples/sec [slowest step - fastest step]."""
+  if not stats:
+    return '-'.center(width + 13)
+  return '%*.0f [%4.0f-%4.0f]' % (width, stats['examples_per_sec'], stats['min'],
+                                  stats['max'])
+
+
+def ratio(numerator, denominator):
+  """examples/sec of one stats dict over another's; None when either is missing."""
+  if not numerator or not denominator:
+    return None
+  return numerator['examples_per_sec'] / denominator['examples_per_sec']
+
+
+def fmt(value, pattern):
+  return '-' if value is None else pattern % value
+
+
+def ours_config(args, towers, input_name, data_dir=None, **overrides):
+  """A worker config for the trainer's graph; overrides set the knobs."""
+  config = dict(kind='ours', towers=towers, batch_size=args.batch_size, input=input_name,
+                data_dir=data_dir, steps=args.steps, warmup=args.warmup,
+                intra=args.intra_op_threads, inter=args.inter_op_threads, xla=False,
+                extra_prefetch=0, summaries=False)
+  config.update(overrides)
+  return config
+
+
+def flatten(runs):
+  """Every worker's raw result (config, step times, memory) as a list, for the JSON."""
+  return [result for key in runs for result in runs[key]]

@@ -1,0 +1,50 @@
+"""The trainer's speed targets on this machine, each printed against what was measured.
+
+The README's Performance section says, for each one that falls short, by how much
+and why.
+"""
+# ---- Targets: edit, save, rerun -------------------------------------------------
+OURS_OVER_PEER = 1.05       # ours / the custom-loop Keras peer, synthetic input, every N
+OURS_OVER_FIT = 1.3         # ours / the model.fit peer, synthetic input, every N
+OF_MATMUL = 0.70            # ours' GFLOP/s at N = 1 / the machine's float32 matmul rate
+REAL_OVER_SYNTHETIC = 0.95  # real input / synthetic input, every N
+DIST_OVER_LOCAL = 0.8       # dist_train.py with 1 ps + 1 worker / multi_gpu_train.py
+
+
+def check(rows, dist):
+  """Prints one line per target; returns them, measured values and verdicts, for the JSON.
+
+  Args:
+    rows: the table's rows, {'1': row dict, ...}, keyed by towers.
+    dist: dist_rows.summarise's rows, or None when they were not run.
+  """
+  def per_n(key):
+    return {'N=%s' % n: row[key] for n, row in rows.items()}
+
+  one_worker = {('sync' if row['sync'] else 'async'): row['vs_multi_gpu_train']
+                for row in (dist or {}).values() if row['workers'] == 1}
+  targets = [
+      ('ours / custom-loop peer, every N', OURS_OVER_PEER, '%.2f', per_n('ours_over_peer')),
+      ('ours / model.fit peer, every N', OURS_OVER_FIT, '%.2f', per_n('ours_over_fit')),
+      ('ours of matmul rate at N=1', OF_MATMUL, '%.0f%%',
+       {'N=1': rows['1']['fraction_of_matmul']} if '1' in rows else {}),
+      ('real / synthetic input, every N', REAL_OVER_SYNTHETIC, '%.2f',
+       per_n('real_over_synthetic')),
+      ('dist_train.py 1 worker / multi_gpu_train.py', DIST_OVER_LOCAL, '%.2f', one_worker),
+  ]
+  print()
+  print('Targets, each against what this run measured:')
+  results = []
+  for name, goal, pattern, measured in targets:
+    measured = {where: value for where, value in measured.items() if value is not None}
+    show = lambda value: pattern % (100 * value if '%%' in pattern else value)
+    verdict = 'not measured'
+    if measured:
+      worst = min(measured, key=measured.get)
+      short = 1 - measured[worst] / goal
+      verdict = 'met' if short <= 0 else 'SHORT by %.1f%% (%s: %s)' % (
+          100 * short, worst, show(measured[worst]))
+    print('  %-44s >= %-5s  %-34s  %s' % (name, show(goal), ', '.join(
+        '%s %s' % (where, show(value)) for where, value in measured.items()), verdict))
+    results.append(dict(name=name, goal=goal, measured=measured, verdict=verdict))
+  return results
