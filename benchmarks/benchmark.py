@@ -3,7 +3,7 @@
     python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~8 min)
     python benchmarks/benchmark.py --repeats 3     # three times over, medians across (~23 min)
     python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
-    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed at 2 towers
+    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
     python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
 
 On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
