@@ -1,13 +1,13 @@
 """Benchmarks the multi-tower trainer against Keras, against dist_train.py, and the machine.
 
-    python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~6 min)
-    python benchmarks/benchmark.py --repeats 3     # three times over, medians across
+    python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~8 min)
+    python benchmarks/benchmark.py --repeats 3     # three times over, medians across (~23 min)
     python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
-    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed at 2 towers
+    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
     python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
 
-On a quiet 2-core machine (~1500 examples/sec) other work on the cores halves the
-numbers, so the start-up line prints the load average. The model costs 105.3
+On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
+halves the numbers, so the start-up line prints the load average. The model costs 105.3
 MFLOP per example per training step (table.flop_count).
 
 The table, per number of towers N (global batch N x --batch_size):

@@ -45,6 +45,11 @@ RUNS = [('multi_gpu_train.py', None, False),
         ('dist_train.py 2 workers, --sync_replicas', 2, True)]
 BASELINE = RUNS[0][0]
 
+
+def runs_for(args):
+  """RUNS; --quick, a smoke test kept near a minute, leaves out two workers in sync."""
+  return RUNS[:-1] if args.quick else RUNS
+
 # '[worker1] 2026-11-23 07:01:09.659295: step 3, loss = 4.44 (170.2 examples/sec; 0.094
 # sec/batch) [worker 1, local step 3]'; multi_gpu_train.py's lines lack both brackets.
 LOSS_LINE = re.compile(r'^(?:\[(?P<task>\w+)\] )?(?P<time>\d{4}-\d\d-\d\d [\d:.]+): step '
@@ -143,9 +148,9 @@ def run_one(args, runner, label, workers, sync, solo_rate):
 
 
 def run_repeat(args, runner, runs, repeat):
-  """One pass over RUNS in order, appending each result to runs[('dist', label)]."""
+  """One pass over runs_for(args) in order, appending each to runs[('dist', label)]."""
   solo_rate = None
-  for label, workers, sync in RUNS:
+  for label, workers, sync in runs_for(args):
     result = run_one(args, runner, label + repeat_tag(repeat, args.repeats), workers, sync,
                      solo_rate)
     runs.setdefault(('dist', label), []).append(result)
@@ -156,7 +161,7 @@ def run_repeat(args, runner, runs, repeat):
 def summarise(args, runs):
   """Prints the distribution rows; returns {label: dict(examples_per_sec, ...)}."""
   rows = {}
-  for label, workers, sync in RUNS:
+  for label, workers, sync in runs_for(args):
     rates = [r['examples_per_sec'] for r in runs[('dist', label)]]
     rows[label] = dict(examples_per_sec=statistics.median(rates), per_repeat=rates,
                        workers=workers, sync=sync)
@@ -169,7 +174,7 @@ def summarise(args, runs):
             args.dist_towers, args.batch_size, args.warmup,
             ', median of %d repeats' % args.repeats if args.repeats > 1 else ''))
   print('%-42s  %8s  %s' % ('run', 'ex/s', 'vs multi_gpu_train.py'))
-  for label, workers, _ in RUNS:
+  for label, workers, _ in runs_for(args):
     print('%-42s  %8.0f  %7.2f%s' % (
         label, rows[label]['examples_per_sec'], rows[label]['vs_multi_gpu_train'],
         '   (both workers share the %d cores)' % os.cpu_count() if workers == 2 else ''))

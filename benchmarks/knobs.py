@@ -19,6 +19,8 @@ def knobs_to_run():
   --seed       real input through the trainer's seeded pipeline (records picked
                by index_shuffle from (seed, step), one global batch a step),
                against the unseeded one
+  oneDNN       TF_ENABLE_ONEDNN_OPTS=1: TensorFlow's oneDNN kernels, which it
+               leaves off by default on some CPUs (this machine's AMD EPYC, AVX2)
   """
   xla_flags = (os.environ.get('TF_XLA_FLAGS', '') + ' --tf_xla_cpu_global_jit').strip()
   return [('threads 0/0 (one per core)', dict(intra=0, inter=0), None),
@@ -29,7 +31,8 @@ def knobs_to_run():
           ('real input', dict(intra=0, inter=0, input='real'), None),
           ('real input + prefetch(%d)' % KNOB_TOWERS,
            dict(intra=0, inter=0, input='real', extra_prefetch=KNOB_TOWERS), None),
-          ('real input, --seed=1', dict(intra=0, inter=0, input='real', seed=1), None)]
+          ('real input, --seed=1', dict(intra=0, inter=0, input='real', seed=1), None),
+          ('oneDNN on', dict(intra=0, inter=0), dict(TF_ENABLE_ONEDNN_OPTS='1'))]
 
 
 def run_knobs(args, data_dir):

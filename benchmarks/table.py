@@ -56,7 +56,7 @@ def run_table(args, data_dir):
     dist (None with --skip_dist), targets, runs (every worker's raw result).
   """
   per_repeat = (2 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
-                (0 if args.skip_dist else len(dist_rows.RUNS)))
+                (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
   runs = {}

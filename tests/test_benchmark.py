@@ -14,9 +14,9 @@ sys.path.insert(0, BENCHMARKS)
 import dist_rows  # noqa: E402  the parent's modules import no TensorFlow
 import targets  # noqa: E402
 
-TIMEOUT_SECS = 600        # --quick takes about 70 s on 2 idle cores
+TIMEOUT_SECS = 600        # --quick takes about 90 s on 2 idle cores
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
-DIST_LABELS = [label for label, _, _ in dist_rows.RUNS]
+DIST_LABELS = [label for label, _, _ in dist_rows.RUNS][:-1]  # --quick's
 TRAINER_LINE = '2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; 0.100 sec/batch)'
 WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; '
                '0.100 sec/batch) [worker %d, local step %d]')
@@ -83,8 +83,8 @@ def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(qui
         runs['ours N=1 synthetic']['first_loss'], abs=0.05), label
   assert runs['model.fit peer N=1 synthetic']['jit_compile'] is False  # 'auto', no GPU
   # Two workers: both trained inside the window the rate comes from.
-  for label in DIST_LABELS[3:]:
-    assert sorted(runs[label]['loss_lines']) == ['worker0', 'worker1'], label
+  assert sorted(runs['dist_train.py 2 workers, async']['loss_lines']) == ['worker0',
+                                                                           'worker1']
 
 
 def test_benchmark_parent_imports_no_tensorflow():
