@@ -10,7 +10,6 @@ import time
 
 import tensorflow as tf
 
-import cifar10_input
 import multi_gpu_train
 from timing import check_losses, peak_mb, time_steps
 
@@ -29,12 +28,14 @@ def build_trainer(config):
   config keys: towers, batch_size, input ('synthetic' or 'real'), data_dir, intra,
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
   pipeline's own prefetch; 0: none), summaries (build the summary op), seed
-  (optional; real input through the trainer's --seed pipeline).
+  (optional; real input through the trainer's --seed pipeline), dataset (optional:
+  a key of multi_gpu_train.DATASETS; default cifar10).
 
   Returns:
     a Trainer.
   """
   batch_size = config['batch_size']
+  data = multi_gpu_train.DATASETS[config.get('dataset', 'cifar10')]
   devices, num_cpu_devices, where = multi_gpu_train.tower_devices(config['towers'])
   if config.get('seed') is not None:
     next_batch, input_init = multi_gpu_train.input_pipeline(
@@ -42,15 +43,16 @@ def build_trainer(config):
   else:
     with tf.device('/cpu:0'):
       if config['input'] == 'synthetic':
-        dataset = cifar10_input.synthetic_dataset(batch_size)
+        dataset = data.input.synthetic_dataset(batch_size)
       else:
-        dataset = cifar10_input.distorted_dataset(config['data_dir'], batch_size)
+        dataset = data.input.train_dataset(config['data_dir'], batch_size)
       if config['extra_prefetch']:
         dataset = dataset.prefetch(config['extra_prefetch'])
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
       next_batch, input_init = iterator.get_next, iterator.initializer
   ops = multi_gpu_train.build_train_graph(next_batch, devices, batch_size,
-                                          async_towers=False, summaries=config['summaries'])
+                                          async_towers=False, summaries=config['summaries'],
+                                          model=data.model)
   session_config = multi_gpu_train.session_config(
       num_cpu_devices, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
   if config['xla']:

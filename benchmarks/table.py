@@ -13,6 +13,8 @@ from runner import Runner, flatten, fmt, ours_config, rate, rate_stats, ratio, r
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
+MNIST_TOWERS = 2                  # the MNIST row: the book's 2 towers ...
+MNIST_BATCH_SIZE = 100            # ... of 100 images
 
 
 def flop_count(layers):
@@ -55,7 +57,7 @@ def run_table(args, data_dir):
     dict for the JSON: flops_per_example, matmul, pipeline, towers (a row per N),
     dist (None with --skip_dist), targets, runs (every worker's raw result).
   """
-  per_repeat = (2 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
+  per_repeat = (3 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
@@ -90,6 +92,9 @@ def run_repeat(args, data_dir, runner, runs, repeat):
           dict(kind=kind, towers=towers, **common))
     run(('real', towers), 'ours N=%d real' % towers,
         ours_config(args, towers, 'real', data_dir))
+  run('mnist', 'ours MNIST N=%d synthetic' % MNIST_TOWERS,
+      ours_config(args, MNIST_TOWERS, 'synthetic', dataset='mnist',
+                  batch_size=MNIST_BATCH_SIZE))
 
 
 def summarise(args, runs, layers):
@@ -113,7 +118,7 @@ def summarise(args, runs, layers):
   return dict(flops_per_example=dict(flops, layers=layers),
               matmul=dict(size=args.matmul_size, gflops=matmul_gflops,
                           per_repeat=[r['gflops'] for r in runs['matmul']]),
-              pipeline=pipeline, towers=rows)
+              pipeline=pipeline, towers=rows, mnist=rate_stats(runs['mnist']))
 
 
 def print_table(args, table):
@@ -148,3 +153,6 @@ def print_table(args, table):
         100 * row['fraction_of_matmul'],
         '/'.join('%.0f' % row[k]['peak_mb'] if row[k] else '-'
                  for k in ('real', 'synthetic', 'peer', 'fit'))))
+  print('MNIST, the book\'s network (397,510 parameters), %d towers x %d images, synthetic '
+        'input: %s examples/sec' % (MNIST_TOWERS, MNIST_BATCH_SIZE,
+                                    rate(table['mnist']).strip()))

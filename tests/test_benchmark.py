@@ -67,6 +67,7 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   for key in ('real_over_synthetic', 'ours_over_peer', 'ours_over_fit', 'achieved_gflops',
               'fraction_of_matmul'):
     assert row[key] > 0, key
+  assert table['mnist']['examples_per_sec'] > 0  # the book's network, 2 towers x 100
   assert table['dist'][DIST_LABELS[0]]['vs_multi_gpu_train'] == 1.0
   for label in DIST_LABELS:
     assert table['dist'][label]['examples_per_sec'] > 0, label
@@ -82,6 +83,7 @@ def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(qui
     assert runs[label]['first_loss'] == pytest.approx(
         runs['ours N=1 synthetic']['first_loss'], abs=0.05), label
   assert runs['model.fit peer N=1 synthetic']['jit_compile'] is False  # 'auto', no GPU
+  assert runs['ours MNIST N=2 synthetic']['first_loss'] > 10  # unscaled pixels, as the book
   # Two workers: both trained inside the window the rate comes from.
   assert sorted(runs['dist_train.py 2 workers, async']['loss_lines']) == ['worker0',
                                                                            'worker1']
