@@ -1,6 +1,6 @@
 """The trainer's speed targets on this machine, each printed against what was measured.
 
-The README's Performance section says, for each one that falls short, by how much
+docs/performance.md says, for each one that falls short, by how much
 and why.
 """
 # ---- Targets: edit, save, rerun -------------------------------------------------
