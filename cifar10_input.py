@@ -471,11 +471,16 @@ def synthetic_dataset(batch_size, seed=0):
 
 # ---- A small learnable sample in the real layout, for trying the program offline ----
 
-# Class k is a colour in one of ten stripe layouts, plus noise: learnable in a few
-# hundred steps, unlike random pixels.
+# Class k is a colour in its own stripe layout (direction and width), but each image
+# shows it shifted, faded and jittered in colour under heavy noise, and a fixed share
+# of the labels is wrong: learnable over a few hundred steps, never perfectly.
 _SAMPLE_COLOURS = np.array([[230, 25, 75], [60, 180, 75], [255, 225, 25], [0, 130, 200],
                             [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230],
                             [210, 245, 60], [250, 190, 190]], np.float32)
+SAMPLE_NOISE = 55.0                   # std of the per-pixel noise, in pixel values 0..255
+SAMPLE_COLOUR_JITTER = 30.0           # std of each image's shift of its class colour, per channel
+SAMPLE_MAX_SHIFT = 8                  # pixels; each image's stripes move by up to this
+SAMPLE_LABEL_NOISE = 0.04             # share of records per file whose label is another class's
 
 
 def make_records(labels, rng, learnable=True):
@@ -484,23 +489,36 @@ def make_records(labels, rng, learnable=True):
   Args:
     labels: ints 0..9 (any byte value is written as given).
     rng: numpy Generator.
-    learnable: the pixels show the label (colour and stripes); False: random pixels.
+    learnable: the pixels show the label (colour and stripes, shifted, faded and
+      noisy); False: random pixels.
   """
   labels = np.asarray(labels, np.uint8)
   n = len(labels)
   if learnable:
-    pixels = np.empty((n, HEIGHT, WIDTH, DEPTH), np.float32)
-    rows = np.arange(HEIGHT)[:, None] * np.ones((1, WIDTH))
-    for i, label in enumerate(labels):
-      colour = _SAMPLE_COLOURS[label % NUM_CLASSES]
-      mask = ((rows + label * 3) // (4 + label % 3)) % 2  # stripe width and phase per class
-      pixels[i] = mask[..., None] * colour + (1 - mask[..., None]) * 40.0
-    pixels += rng.normal(0, 20, pixels.shape)
+    classes = labels.astype(np.int64) % NUM_CLASSES
+    shift = rng.integers(-SAMPLE_MAX_SHIFT, SAMPLE_MAX_SHIFT + 1, n)
+    rows, cols = np.arange(HEIGHT)[None, :, None], np.arange(WIDTH)[None, None, :]
+    along = np.where((classes % 2 == 0)[:, None, None], rows, cols)  # stripe direction
+    width = (3 + (classes // 2) % 3)[:, None, None]                   # 3, 4 or 5 pixels
+    mask = (((along + shift[:, None, None]) // width) % 2)[..., None].astype(np.float32)
+    colour = _SAMPLE_COLOURS[classes] + rng.normal(0, SAMPLE_COLOUR_JITTER, (n, DEPTH))
+    strength = rng.uniform(0.5, 1.0, (n, 1, 1, 1))      # how far the stripes stand out
+    background = rng.uniform(20, 100, (n, 1, 1, 1))
+    pixels = background + strength * mask * (colour[:, None, None, :] - background)
+    pixels += rng.normal(0, SAMPLE_NOISE, pixels.shape)
     pixels = np.clip(pixels, 0, 255).astype(np.uint8)
   else:
     pixels = rng.integers(0, 256, (n, HEIGHT, WIDTH, DEPTH), dtype=np.uint8)
   chw = pixels.transpose(0, 3, 1, 2).reshape(n, IMAGE_BYTES)
   return np.concatenate([labels[:, None], chw], axis=1)
+
+
+def _mislabel(records, rng):
+  """Gives round(SAMPLE_LABEL_NOISE * n) records of `records` another class's label."""
+  n = len(records)
+  wrong = rng.choice(n, int(round(SAMPLE_LABEL_NOISE * n)), replace=False)
+  records[wrong, 0] = (records[wrong, 0] + rng.integers(1, NUM_CLASSES, len(wrong))) % NUM_CLASSES
+  return records
 
 
 def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
@@ -523,10 +541,11 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
       raise DataError('%s already exists; nothing was written. Choose another directory '
                       'for the sample, or remove it.' % path)
   rng = np.random.default_rng(seed)
-  members = [(posixpath.join(BATCHES_DIR, name),
-              make_records(rng.integers(0, NUM_CLASSES, records_per_file), rng,
-                           learnable).tobytes())
-             for name in TRAIN_FILES + TEST_FILES]
+  members = []
+  for name in TRAIN_FILES + TEST_FILES:
+    records = make_records(rng.integers(0, NUM_CLASSES, records_per_file), rng, learnable)
+    members.append((posixpath.join(BATCHES_DIR, name),
+                    (_mislabel(records, rng) if learnable else records).tobytes()))
   os.makedirs(data_dir, exist_ok=True)
   with tarfile.open(archive, 'w:gz') as tar:
     for name, data in members:
