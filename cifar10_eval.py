@@ -34,6 +34,7 @@ DATA_DIR = '/tmp/cifar10_data'
 FLAGS = flags.FLAGS
 evaluation.define_flags(CHECKPOINT_DIR, EVAL_DIR, DATA_DIR, cifar10_input.DATA_URL, BATCH_SIZE,
                         EVAL_INTERVAL_SECS, '10,000', '50,000')
+flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpshort
 
 
 def main(argv):

@@ -23,8 +23,16 @@ class EvalError(Exception):
 
 
 def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
-                 eval_interval_secs, num_test, num_train):
-  """The evaluation programs' flags, with one program's defaults."""
+                 eval_interval_secs, num_test, num_train, archive_md5=True):
+  """The evaluation programs' flags, with one program's defaults.
+
+  The calling program shows them in its --helpshort with
+  flags.adopt_module_key_flags(evaluation): absl lists only the main module's.
+
+  Args:
+    archive_md5: bool, whether the data set comes as one archive whose md5 a user's
+      copy can name (--data_md5; CIFAR-10), or not (MNIST: no such flag).
+  """
   flags.DEFINE_string('eval_dir', eval_dir, 'Where to write event files.')
   flags.DEFINE_enum('eval_data', 'test', ['test', 'train_eval'],
                     'test: the %s test images; train_eval: the %s training images.'
@@ -33,8 +41,9 @@ def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
                       'Where the trainer writes checkpoints (its --train_dir).')
   flags.DEFINE_string('data_dir', data_dir, 'The data set\'s files.')
   flags.DEFINE_string('data_url', data_url, 'Where to download the data.')
-  flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for '
-                      'a copy of your own (default: the official archive\'s).')
+  if archive_md5:
+    flags.DEFINE_string('data_md5', None, 'md5 of the archive at --data_url, for a copy '
+                        'of your own (default: the official archive\'s).')
   flags.DEFINE_integer('eval_interval_secs', eval_interval_secs,
                        'Seconds between evaluations.')
   flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once and exit.')
@@ -126,7 +135,7 @@ def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   writer = None
   try:
-    data_input.prepare(FLAGS.data_dir, FLAGS.data_url, FLAGS.data_md5)
+    data_input.prepare(FLAGS.data_dir, FLAGS.data_url, getattr(FLAGS, 'data_md5', None))
     writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command)
   except (EvalError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)

@@ -33,7 +33,9 @@ DATA_DIR = '/tmp/mnist_data'
 
 FLAGS = flags.FLAGS
 evaluation.define_flags(CHECKPOINT_DIR, EVAL_DIR, DATA_DIR, mnist_input.DATA_URL, BATCH_SIZE,
-                        EVAL_INTERVAL_SECS, '10,000', '60,000')
+                        EVAL_INTERVAL_SECS, '10,000', '60,000',
+                        archive_md5=False)
+flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpshort
 
 
 def main(argv):

@@ -406,8 +406,10 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument('--write_sample', required=True, metavar='DIR',
                       help='directory to write train.tfrecords and test.tfrecords into')
-  parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS)
-  parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS)
+  parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS,
+                      help='records in train.tfrecords (default %(default)s)')
+  parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS,
+                      help='records in test.tfrecords (default %(default)s)')
   args = parser.parse_args(argv)
   for name in ('train_records', 'test_records'):
     if getattr(args, name) < 1:

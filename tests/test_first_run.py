@@ -71,6 +71,42 @@ def test_helpshort_shows_the_docstring_verbatim(script):
   assert as_written.strip() in out, out  # no '%' read as a format, no lost line breaks
 
 
+def _project_flags(module):
+  """Names of the absl flags the project's own modules define once `module` is imported."""
+  code = ('import sys; sys.argv = ["x"]; import %s; from absl import flags; '
+          'print(" ".join(f.name for m, fs in flags.FLAGS.flags_by_module_dict().items() '
+          'if __import__("os").path.exists(m.split(".")[0] + ".py") for f in fs))' % module)
+  code, out, err = _run(['-c', code])
+  assert code == 0, err
+  return set(out.split())
+
+
+@pytest.mark.parametrize('script', ['cifar10_eval.py', 'mnist_eval.py', 'multi_gpu_train.py'])
+def test_helpshort_lists_every_flag_the_program_accepts_and_no_other(script):
+  accepted = _project_flags(script[:-3])
+  _, out, _ = _run([script, '--helpshort'])
+  listed = set(re.findall(r'^  --(?:\[no\])?(\w+)', out, re.M))
+  assert accepted and listed == accepted, (sorted(accepted - listed), sorted(listed - accepted))
+
+
+def test_mnist_eval_has_no_data_md5_flag():
+  code, _, err = _run(['mnist_eval.py', '--data_md5=0123', '--run_once'])
+  assert code == 1 and "Unknown command line flag 'data_md5'" in err, err
+
+
+@pytest.mark.parametrize('script, options', [
+    ('cifar10_input.py', {'write_sample': 'directory to write', 'records_per_file': 'records in'}),
+    ('mnist_input.py', {'write_sample': 'directory to write', 'train_records': 'records in train',
+                        'test_records': 'records in test'})])
+def test_input_module_help_describes_every_option(script, options):
+  code, out, err = _run([script, '--help'])
+  assert code == 0, err
+  described = dict(re.findall(r'^  --(\w+)[^\n]*?(?:\n +|  +)(\w[^\n]*)', out, re.M))
+  assert set(re.findall(r'^  --(\w+)', out, re.M)) == set(options), out
+  for name, words in options.items():
+    assert described.get(name, '').startswith(words), (name, out)
+
+
 @pytest.mark.skipif(bool(glob.glob('/dev/nvidia[0-9]*')), reason='this machine has a GPU '
                     'driver: the line is a real error here, and is shown')
 def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
