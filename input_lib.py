@@ -32,6 +32,27 @@ def md5_of(path):
   return digest.hexdigest()
 
 
+def temp_file(directory, prefix):
+  """Creates a new empty file `directory/<prefix>XXXXXXXX.part`, to be renamed into place.
+
+  Its mode is the one open() gives under the user's umask (0666 & ~umask), not
+  mkstemp's 0600, which the renamed file would keep: data only its owner can read.
+
+  Returns:
+    (an open file descriptor, the path).
+  """
+  fd, path = tempfile.mkstemp(prefix=prefix, suffix='.part', dir=directory)
+  os.fchmod(fd, 0o666 & ~umask())
+  return fd, path
+
+
+def umask():
+  """The process's umask (reading it means setting it, so it is set straight back)."""
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
 def part_prefix(name):
   """Prefix of the temporary file a download of `name` goes to, with this PID."""
   return '.%s.%d.' % (name, os.getpid())
@@ -55,7 +76,7 @@ def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint
   """
   name, directory = os.path.basename(path), os.path.dirname(path)
   try:
-    fd, tmp_path = tempfile.mkstemp(prefix=part_prefix(name), suffix='.part', dir=directory)
+    fd, tmp_path = temp_file(directory, part_prefix(name))
   except OSError as e:
     raise DataError('cannot write into --data_dir %s: %s. Point --data_dir at a directory '
                     'you can write to.' % (directory, e.strerror)) from None

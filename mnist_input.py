@@ -19,7 +19,6 @@ import gzip
 import re
 import struct
 import sys
-import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -226,8 +225,8 @@ def write_records(path, images, labels):
   Written under a temporary name in the same directory, then renamed: a reader
   never sees half a file.
   """
-  fd, tmp_path = tempfile.mkstemp(prefix='.%s.%d.' % (os.path.basename(path), os.getpid()),
-                                  suffix='.part', dir=os.path.dirname(path) or '.')
+  fd, tmp_path = input_lib.temp_file(os.path.dirname(path) or '.',
+                                     '.%s.%d.' % (os.path.basename(path), os.getpid()))
   os.close(fd)
   try:
     with tf.io.TFRecordWriter(tmp_path) as writer:

@@ -1,6 +1,7 @@
 """Shared test setup: the repo root on sys.path, quiet TensorFlow, the `slow` marker,
 and small sample data sets written by the product's own sample writer."""
 import collections
+import contextlib
 import os
 import sys
 
@@ -25,3 +26,23 @@ class Sample(collections.namedtuple('Sample', ['dir', 'md5'])):
 def write_sample(path, records_per_file):
   import cifar10_input  # imports TensorFlow: only once a test asks for data
   return Sample(str(path), cifar10_input.write_sample(str(path), records_per_file))
+
+
+@contextlib.contextmanager
+def umask(mask):
+  """Runs the block under this umask, then restores the one before."""
+  before = os.umask(mask)
+  try:
+    yield
+  finally:
+    os.umask(before)
+
+
+def modes(root):
+  """{path relative to root: permission bits} of every file and directory under root."""
+  found = {}
+  for directory, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(directory, name)
+      found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
+  return found

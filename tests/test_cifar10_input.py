@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import cifar10_data
 import cifar10_input
+import conftest
 
 
 def _run(tensors):
@@ -136,6 +137,32 @@ def test_download_served_archive_is_fetched_verified_and_extracted(tmp_path, cap
     assert cifar10_input.maybe_download_and_extract(str(data_dir), url + 'nothing-here',
                                                     md5) == dest
   assert _tree(data_dir) == sorted(name for name, _ in members)
+
+
+@pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
+def test_download_and_extraction_files_get_the_umask_mode(tmp_path, mask, file_mode):
+  served = tmp_path / 'served'
+  served.mkdir()
+  md5 = cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'),
+                                  cifar10_data.dataset_members(records_per_file=4))
+  data_dir = tmp_path / 'data'
+  with _serve(served) as url, conftest.umask(mask):
+    cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
+                                             md5)
+  found = conftest.modes(data_dir)
+  assert len(found) == 9  # the archive, the directory, its 7 files
+  assert found == {path: 0o777 & ~mask if os.path.isdir(data_dir / path) else file_mode
+                   for path in found}
+
+
+@pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
+def test_write_sample_files_get_the_umask_mode(tmp_path, mask, file_mode):
+  with conftest.umask(mask):
+    cifar10_input.write_sample(str(tmp_path / 'sample'), records_per_file=4)
+  found = conftest.modes(tmp_path)
+  assert len(found) == 9  # the directory, the archive, cifar-10-batches-bin and its 6 files
+  assert found == {path: 0o777 & ~mask if os.path.isdir(tmp_path / path) else file_mode
+                   for path in found}
 
 
 def test_download_checksum_mismatch_refused_and_no_partial_file(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import conftest
 import mnist_input
 from test_cifar10_input import _serve, _tree
 
@@ -65,6 +66,27 @@ def test_download_served_idx_files_converted_to_tfrecords(tmp_path, monkeypatch,
   assert len(feature['image_raw'].bytes_list.value[0]) == 784
   assert sorted(os.listdir(data_dir)) == sorted(list(mnist_input.SOURCES) +
                                                 ['test.tfrecords', 'train.tfrecords'])
+
+
+@pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
+def test_downloaded_and_converted_files_get_the_umask_mode(tmp_path, monkeypatch, mask,
+                                                           file_mode):
+  served, data_dir = tmp_path / 'served', tmp_path / 'data'
+  served.mkdir()
+  _serve_idx(served, monkeypatch)
+  with _serve(served) as url, conftest.umask(mask):
+    mnist_input.maybe_download_and_convert(str(data_dir), url)
+  assert conftest.modes(data_dir) == {name: file_mode for name in list(mnist_input.SOURCES) +
+                                      ['test.tfrecords', 'train.tfrecords']}
+
+
+@pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
+def test_write_sample_files_get_the_umask_mode(tmp_path, mask, file_mode):
+  with conftest.umask(mask):
+    mnist_input.write_sample(str(tmp_path / 'sample'), train_records=20, test_records=5)
+  assert conftest.modes(tmp_path) == {'sample': 0o777 & ~mask,
+                                      'sample/train.tfrecords': file_mode,
+                                      'sample/test.tfrecords': file_mode}
 
 
 @pytest.mark.parametrize('damage, says', [
