@@ -578,12 +578,16 @@ def main(argv=None):
   data_dir = os.path.abspath(args.write_sample)
   print('Wrote a learnable sample, %d records per file, to %s (archive md5 %s).'
         % (args.records_per_file, batches_dir(data_dir), md5))
+  data = '--data_dir=%s --data_md5=%s' % (data_dir, md5)
   print('Train on it, then evaluate:\n'
-        '  python multi_gpu_train.py --num_gpus=2 --batch_size=32 --max_steps=400 '
-        '--data_dir=%s --data_md5=%s --train_dir=%s_train\n'
-        '  python cifar10_eval.py --run_once --data_dir=%s --data_md5=%s '
-        '--checkpoint_dir=%s_train --eval_dir=%s_eval'
-        % (data_dir, md5, data_dir, data_dir, md5, data_dir, data_dir))
+        '  python multi_gpu_train.py --num_gpus=2 --batch_size=32 --max_steps=400 %s '
+        '--train_dir=%s_train\n'
+        '  python cifar10_eval.py --run_once %s --checkpoint_dir=%s_train --eval_dir=%s_eval\n'
+        'Or train on 1 ps task and 2 workers on this machine (then evaluate with '
+        '--checkpoint_dir=%s_dist_train):\n'
+        '  python dist_train.py --local_cluster=1,2 --batch_size=32 --max_steps=400 %s '
+        '--train_dir=%s_dist_train'
+        % (data, data_dir, data, data_dir, data_dir, data_dir, data, data_dir))
 
 
 

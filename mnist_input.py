@@ -424,7 +424,12 @@ def main(argv=None):
         '  python multi_gpu_train.py --dataset=mnist --num_gpus=2 --data_dir=%s '
         '--train_dir=%s_train\n'
         '  python mnist_eval.py --run_once --data_dir=%s --checkpoint_dir=%s_train '
-        '--eval_dir=%s_eval' % (data_dir, data_dir, data_dir, data_dir, data_dir))
+        '--eval_dir=%s_eval\n'
+        'Or train on 1 ps task and 2 workers on this machine (then evaluate with '
+        '--checkpoint_dir=%s_dist_train):\n'
+        '  python dist_train.py --dataset=mnist --local_cluster=1,2 --data_dir=%s '
+        '--train_dir=%s_dist_train'
+        % (data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir))
 
 
 

@@ -31,13 +31,14 @@ def test_write_sample_cli_writes_real_layout_and_its_commands_run(tmp_path):
 
   # The commands it prints run as printed (the trainer's steps cut to 2: the last
   # --max_steps given wins).
-  train, evaluate = [shlex.split(line.strip())[1:] for line in out.splitlines()
-                     if line.startswith('  python ')]
+  train, evaluate, dist = [shlex.split(line.strip())[1:] for line in out.splitlines()
+                           if line.startswith('  python ')]
   assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
   code, out, err = _run(train + ['--max_steps=2', '--batch_size=8'])
   assert code == 0 and 'step 1, loss = ' in out and 'model.ckpt-2' in out, err
   code, out, err = _run(evaluate)
   assert code == 0 and 'precision @ 1 = ' in out and '20 test records' in out, err
+  _assert_dist_line_parses(dist, train)
 
   # A second sample into the same directory overwrites nothing.
   before = {p: os.path.getmtime(p) for p in glob.glob(str(sample_dir / '**'),
@@ -53,13 +54,31 @@ def test_mnist_write_sample_cli_commands_run(tmp_path):
                          '--train_records=500', '--test_records=100'])
   assert code == 0, err
   assert sorted(os.listdir(sample_dir)) == ['test.tfrecords', 'train.tfrecords']
-  train, evaluate = [shlex.split(line.strip())[1:] for line in out.splitlines()
-                     if line.startswith('  python ')]
+  train, evaluate, dist = [shlex.split(line.strip())[1:] for line in out.splitlines()
+                           if line.startswith('  python ')]
   assert train[:2] == ['multi_gpu_train.py', '--dataset=mnist'] and evaluate[0] == 'mnist_eval.py'
   code, out, err = _run(train + ['--max_steps=100'])
   assert code == 0 and 'step 100, loss = ' in out, err
   code, out, err = _run(evaluate)
   assert code == 0 and 'precision @ 1 = ' in out and '100 test records' in out, err
+  _assert_dist_line_parses(dist, train)
+
+
+def _assert_dist_line_parses(dist, train):
+  """The printed dist_train.py line: the same data, its own --train_dir, flags that parse.
+
+  absl's --only_check_args parses every flag and exits before main, so no cluster
+  (four TensorFlow processes) is started here.
+  """
+  assert dist[:1] == ['dist_train.py'] and '--local_cluster=1,2' in dist, dist
+  assert [a for a in dist if a.startswith('--data')] == [a for a in train
+                                                         if a.startswith('--data')]
+  assert [a for a in dist if a.startswith('--train_dir=')] != [
+      a for a in train if a.startswith('--train_dir=')]  # it would resume the other run
+  code, out, err = _run(dist + ['--only_check_args'])
+  assert code == 0, err
+  code, out, err = _run(dist + ['--no_such_flag=1', '--only_check_args'])  # the check bites
+  assert code == 1 and 'no_such_flag' in err, err
 
 
 @pytest.mark.parametrize('script', ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py',
