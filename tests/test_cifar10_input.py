@@ -155,16 +155,6 @@ def test_download_and_extraction_files_get_the_umask_mode(tmp_path, mask, file_m
                    for path in found}
 
 
-@pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
-def test_write_sample_files_get_the_umask_mode(tmp_path, mask, file_mode):
-  with conftest.umask(mask):
-    cifar10_input.write_sample(str(tmp_path / 'sample'), records_per_file=4)
-  found = conftest.modes(tmp_path)
-  assert len(found) == 9  # the directory, the archive, cifar-10-batches-bin and its 6 files
-  assert found == {path: 0o777 & ~mask if os.path.isdir(tmp_path / path) else file_mode
-                   for path in found}
-
-
 def test_download_checksum_mismatch_refused_and_no_partial_file(tmp_path):
   served = tmp_path / 'served'
   served.mkdir()
