@@ -4,6 +4,7 @@ Each test provokes one fault the way a user or the machine would (a real second
 process, a real signal, a real file-size limit) and checks what the README
 promises: a clear line, the right exit code, and no checkpoint lost.
 """
+import contextlib
 import glob
 import os
 import re
@@ -323,16 +324,16 @@ def test_lock_file_not_regular_refused(tmp_path, make):
 
 # ---- Rotation touches this directory's own checkpoints only ----------------------
 
+@contextlib.contextmanager
 def _session():
-  """A session of a two-variable graph and its make_saver() Saver."""
-  graph = tf.Graph()
-  with graph.as_default():
+  """A session of a two-variable graph, and its make_saver() Saver, in that graph."""
+  with tf.Graph().as_default():
     tf.compat.v1.get_variable('weights', initializer=[1.0, 2.0])
     tf.compat.v1.train.get_or_create_global_step()
     saver = training_run.make_saver()
-    sess = tf.compat.v1.Session(graph=graph)
-    sess.run(tf.compat.v1.global_variables_initializer())
-  return sess, saver
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      yield sess, saver
 
 
 def _checkpoint_files(directory, step):
@@ -341,7 +342,6 @@ def _checkpoint_files(directory, step):
 
 
 def test_save_checkpoint_glob_characters_in_dir_keeps_siblings_files(tmp_path):
-  sess, saver = _session()
   runs = tmp_path / 'runs'
   for sibling in ('g1', 'g2'):
     (runs / sibling).mkdir(parents=True)
@@ -351,8 +351,9 @@ def test_save_checkpoint_glob_characters_in_dir_keeps_siblings_files(tmp_path):
   before = {sibling: _files(runs / sibling) for sibling in ('g1', 'g2')}
   train_dir = runs / 'g[12]'
   train_dir.mkdir()
-  for step in range(1, 6):
-    training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+  with _session() as (sess, saver):
+    for step in range(1, 6):
+      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
   assert {sibling: _files(runs / sibling) for sibling in ('g1', 'g2')} == before
   assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 4) | _checkpoint_files(
       train_dir, 5) | {'checkpoint'}
@@ -369,7 +370,6 @@ def test_check_train_dir_glob_characters_refused_naming_them(tmp_path):
 
 
 def test_save_checkpoint_state_file_naming_paths_elsewhere_never_deletes_them(tmp_path):
-  sess, saver = _session()
   victim, elsewhere, train_dir = tmp_path / 'victim', tmp_path / 'elsewhere', tmp_path / 'train'
   for directory in (victim, elsewhere, train_dir):
     directory.mkdir()
@@ -380,8 +380,9 @@ def test_save_checkpoint_state_file_naming_paths_elsewhere_never_deletes_them(tm
       'model_checkpoint_path: "%s/model.ckpt-1"\n'
       'all_model_checkpoint_paths: "../victim/model.ckpt-1"\n'
       'all_model_checkpoint_paths: "%s/model.ckpt-1"\n' % (elsewhere, elsewhere))
-  for step in range(2, 6):
-    training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+  with _session() as (sess, saver):
+    for step in range(2, 6):
+      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
   for directory in (victim, elsewhere):
     assert set(os.listdir(directory)) == _checkpoint_files(directory, 1)
   assert sorted(glob.glob(str(train_dir / '*.index'))) == [
@@ -391,16 +392,19 @@ def test_save_checkpoint_state_file_naming_paths_elsewhere_never_deletes_them(tm
 # ---- What killed runs leave behind ---------------------------------------------------
 
 def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
-  sess, saver = _session()
   train_dir, outside = tmp_path / 'train', tmp_path / 'outside'
   train_dir.mkdir()
   outside.mkdir()
-  training_run.save_checkpoint(sess, saver, str(train_dir), 3, keep=5)
+  with _session() as (sess, saver):
+    training_run.save_checkpoint(sess, saver, str(train_dir), 3, keep=5)
   leftovers = ['model.ckpt-2.data-00000-of-00001.tempstate123',
                'model.ckpt-2.index.tempstate456', 'model.ckpt-4_temp',
                'checkpoint.tmp99', 'model.ckpt-17.data-00000-of-00001', 'model.ckpt-17.meta']
   for name in leftovers:
     (train_dir / name).write_text('left')
+  os.remove(train_dir / 'model.ckpt-4_temp')
+  (train_dir / 'model.ckpt-4_temp').mkdir()  # as a save makes it
+  (train_dir / 'model.ckpt-4_temp' / 'part-00000-of-00001.index').write_text('left')
   (outside / 'model.ckpt-9.data-00000-of-00001').write_text('not ours')
   os.symlink(outside / 'model.ckpt-9.data-00000-of-00001',
              train_dir / 'model.ckpt-9.data-00000-of-00001')  # removed: the link, not its target
@@ -470,31 +474,17 @@ def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
   script = ('import signal, sys, training_run\n'
             'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
             'try:\n'
-            '  training_run.write_run_record(sys.argv[1], {"start_step": 3})\n'
+            '  training_run.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
             'except training_run.TrainingError as e:\n'
             '  sys.exit("error: %s" % e)\n')
   code, out, err = _run([sys.executable, '-c', script, str(tmp_path)],
-                        preexec_fn=_limit_file_size(0))
+                        preexec_fn=_limit_file_size(100))  # TensorFlow's start-up writes less
   assert code == 1 and 'Traceback' not in err, err
   line = err.strip().splitlines()[-1]
   assert re.match(r'error: cannot write the run record %s/run-\d{8}-\d{6}-step3\.json: File '
                   r'too large\. Point --train_dir at a directory you can write to'
                   % re.escape(str(tmp_path)), line), line
   assert os.listdir(tmp_path) == []
-
-
-def test_write_run_record_path_taken_by_directory_one_line(tmp_path, monkeypatch):
-  monkeypatch.setattr(training_run.os, 'getpid', lambda: 7)
-  record = {'start_step': 0}
-  path = training_run.write_run_record(str(tmp_path), record)  # learns the name
-  os.remove(path)
-  os.mkdir(path + '.tmp7')  # open() of it fails, root or not
-  monkeypatch.setattr(training_run.time, 'strftime',
-                      lambda fmt: os.path.basename(path)[len('run-'):-len('-step0.json')])
-  with pytest.raises(training_run.TrainingError,
-                     match=r'cannot write the run record %s: Is a directory\.'
-                     % re.escape(path)):
-    training_run.write_run_record(str(tmp_path), record)
 
 
 # ---- Summaries cut short: said once, training goes on --------------------------------
