@@ -179,7 +179,8 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(tmp_p
       checkpoint_dir=str(train_dir), eval_dir=str(tmp_path / 'eval'), data_dir=sample.dir,
       eval_data='test', batch_size=5, use_moving_averages=True, run_once=True,
       eval_interval_secs=1)
-  evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train').close()
+  with tf.Graph().as_default():  # as after the program's disable_eager_execution()
+    evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train').close()
   out = capsys.readouterr().out
   assert found == ['model.ckpt-2', 'model.ckpt-3']
   assert '%s/model.ckpt-2 went away while being read; trying again.' % train_dir in out
