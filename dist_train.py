@@ -573,7 +573,7 @@ def build(run, data_dir, batch_size, max_steps, sync_replicas, replicas_to_aggre
         step_after = tf.identity(global_step.read_value())  # this worker's update included
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(
-        saver=training_run.make_saver(multi_gpu_train.KEEP_CHECKPOINTS),
+        saver=training_run.make_saver(),
         summary_op=built['summary_op'])
     checkpoint_hook = tf.compat.v1.train.CheckpointSaverHook(
         train_dir, save_steps=save_every_n_steps, scaffold=scaffold,

@@ -147,7 +147,7 @@ def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-
 def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noqa: N803
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
   averages = 'moving averages' if FLAGS.use_moving_averages else 'raw weights'
-  writer, last_path, waited = None, None, False
+  writer, last_path, waited, went_away = None, None, False, None
   while True:
     path = latest_checkpoint(FLAGS.checkpoint_dir)
     if path is None and FLAGS.run_once:
@@ -164,12 +164,15 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noq
             path, FLAGS.data_dir, FLAGS.eval_data, FLAGS.batch_size,
             FLAGS.use_moving_averages, model, data_input)
       except (tf.errors.OpError, ValueError) as e:
-        if FLAGS.run_once or not isinstance(e, tf.errors.NotFoundError):
+        # The trainer deletes old checkpoints as new ones land, after naming the new
+        # one in the state file: the newest will do. A path that went away twice is
+        # named by a state file that nobody updates.
+        if os.path.exists(path + '.index') or path == went_away:
           raise EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
                           'at the trainer\'s --train_dir.' % (
                               path, model.__name__, training_run.restore_error(e))) from None
-        # The trainer's Saver removes old checkpoints; the next one will do.
         print('%s went away while being read; trying again.' % path)
+        went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
             'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import tensorflow as tf
+from tensorflow.python.util import deprecation
 
 DOWNLOAD_TIMEOUT_SECS = 60   # a read that stalls this long stops the download
 
@@ -175,6 +176,46 @@ def _alive(pid):
   except PermissionError:
     return True  # another user's process
   return True
+
+
+# ---- TFRecord files ----------------------------------------------------------------
+
+def tfrecords(path):
+  """Yields each record of a TFRecord file, one at a time, CRCs checked.
+
+  Memory stays bounded whatever the file's size. A file must end where its last
+  record ends: TensorFlow's reader takes a file cut inside a record's length
+  header for one that ends there, and would count one record less.
+
+  Each record on disk: its length (8 bytes, little-endian), the length's masked
+  CRC (4), the data, the data's masked CRC (4).
+
+  Raises:
+    DataError: naming the file, the record, its offset and what to do.
+  """
+  size, offset, index = os.path.getsize(path), 0, 0
+  try:
+    # tf_record_iterator checks each record's CRCs. It is deprecated in favour of
+    # eager tf.data, which graph-mode programs such as the trainers do not have.
+    with deprecation.silence():
+      records = tf.compat.v1.io.tf_record_iterator(path)
+    for record in records:
+      yield record
+      offset += 8 + 4 + len(record) + 4
+      index += 1
+  except tf.errors.OpError as e:  # DataLossError: a bad CRC or a cut-off record
+    raise DataError('%s record %d cannot be read (at byte offset %d): %s. The file is '
+                    'damaged: remove it to write it again.'
+                    % (path, index, offset, _first_line(e))) from None
+  if offset != size:
+    raise DataError('%s ends with %d bytes at byte offset %d that do not make a record '
+                    '(after record %d): the file was cut short or has bytes appended. '
+                    'Remove it to write it again.' % (path, size - offset, offset, index - 1))
+
+
+def _first_line(e):
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
 
 
 # ---- The seeded order of samples -----------------------------------------------------

@@ -22,7 +22,6 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import deprecation
 
 import input_lib
 
@@ -61,33 +60,47 @@ def read_records(path):
     (images uint8 [n, 784], labels int64 [n]).
 
   Raises:
-    DataError: naming the file, the record index and the problem (a bad CRC, a
-      record that does not parse, a wrong pixel count, a label outside 0..9).
+    DataError: as check_records.
   """
+  images, labels = [], []
+  for image, label in _checked(path):
+    images.append(image)
+    labels.append(label)
+  return np.stack(images), np.array(labels, np.int64)
+
+
+def check_records(path):
+  """Checks every record of a TFRecord file in the book's layout, one at a time.
+
+  Memory stays bounded however many records the file holds.
+
+  Returns:
+    the number of records: int.
+
+  Raises:
+    DataError: naming the file, the record index and the problem (a bad CRC, a
+      file cut short, a record that does not parse, a wrong pixel count, a label
+      outside 0..9).
+  """
+  return sum(1 for _ in _checked(path))
+
+
+def _checked(path):
+  """Yields (uint8 [784] image, label) of each record of `path`, checked."""
   if not os.path.isfile(path):
     raise DataError('%s is missing. Run with the --data_dir that holds train.tfrecords '
                     'and test.tfrecords, or remove them both to download and convert '
                     'MNIST again.' % path)
-  images, labels = [], []
-  try:
-    # tf_record_iterator checks each record's CRCs. It is deprecated in favour of
-    # eager tf.data, which graph-mode programs such as the trainers do not have.
-    with deprecation.silence():
-      records = tf.compat.v1.io.tf_record_iterator(path)
-    for record in records:
-      image, label = _parse(record)
-      images.append(image)
-      labels.append(label)
-  except tf.errors.OpError as e:  # DataLossError: a bad CRC or a cut-off record
-    raise DataError('%s record %d cannot be read: %s. The file is damaged: remove it to '
-                    'convert it again.' % (path, len(labels), _first_line(e))) from None
-  except ValueError as e:  # record len(labels) does not hold what it should
-    raise DataError('%s record %d: %s. Write records with image_raw (784 bytes), pixels '
-                    '(784) and label (0..9), or remove the file to convert MNIST again.'
-                    % (path, len(labels), e)) from None
-  if not labels:
+  count = 0
+  for count, record in enumerate(input_lib.tfrecords(path), 1):
+    try:
+      yield _parse(record)
+    except ValueError as e:  # the record does not hold what it should
+      raise DataError('%s record %d: %s. Write records with image_raw (784 bytes), pixels '
+                      '(784) and label (0..9), or remove the file to convert MNIST again.'
+                      % (path, count - 1, e)) from None
+  if not count:
     raise DataError('%s holds no records. Remove it to convert MNIST again.' % path)
-  return np.stack(images), np.array(labels, np.int64)
 
 
 def _parse(record):
@@ -112,11 +125,6 @@ def _parse(record):
     raise ValueError('pixels is %s, expected %d'
                      % (list(feature['pixels'].int64_list.value), IMAGE_PIXELS))
   return np.frombuffer(raw[0], np.uint8), label[0]
-
-
-def _first_line(e):
-  text = str(e).strip()
-  return text.splitlines()[0] if text else type(e).__name__
 
 
 # ---- Download and conversion ---------------------------------------------------
@@ -152,7 +160,7 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
       for source in sources:
         _fetch(data_url.rstrip('/') + '/' + source, data_dir, source)
       _convert(data_dir, sources, path)
-  counts = {f: len(read_records(os.path.join(data_dir, f))[1]) for f in SPLITS}
+  counts = {f: check_records(os.path.join(data_dir, f)) for f in SPLITS}
   print('MNIST in %s: %s' % (data_dir, ', '.join('%s %d records' % item
                                                   for item in counts.items())))
   return counts
@@ -283,7 +291,7 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
      the op that loads the records, to run once in the session).
   """
   path = os.path.join(data_dir, TRAIN_FILE)
-  num_records = len(read_records(path)[1])
+  num_records = check_records(path)
   with tf.device('/cpu:0'):
     all_records = tf.data.TFRecordDataset([path]).batch(num_records).get_single_element()
     images, labels = _parse_batch(all_records)
@@ -313,7 +321,7 @@ def eval_dataset(eval_data, data_dir, batch_size):
   if eval_data not in ('test', 'train_eval'):
     raise DataError("eval_data must be 'test' or 'train_eval', got %r" % (eval_data,))
   path = os.path.join(data_dir, TEST_FILE if eval_data == 'test' else TRAIN_FILE)
-  num_records = len(read_records(path)[1])
+  num_records = check_records(path)
   dataset = tf.data.TFRecordDataset([path]).batch(batch_size).map(_parse_batch)
   return dataset.prefetch(tf.data.AUTOTUNE), num_records
 

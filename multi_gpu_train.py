@@ -48,7 +48,7 @@ MAX_STEPS = 1000000               # global step to stop at (the tutorial's 1M)
 LOG_FREQUENCY = 10                # steps between loss lines
 SAVE_EVERY_N_STEPS = 1000         # steps between checkpoints; one more after the last step
 SUMMARY_STEPS = 100               # steps between TensorBoard summaries; 0 turns them off
-KEEP_CHECKPOINTS = 5              # older checkpoints are deleted by the Saver as new ones land
+KEEP_CHECKPOINTS = 5              # older checkpoints are deleted as new ones land
 TRAIN_DIR = '/tmp/cifar10_train'  # checkpoints and event files
 DATA_DIR = '/tmp/cifar10_data'    # the archive and cifar-10-batches-bin/
 # --dataset=mnist: the book's constants (chapter 12)
@@ -492,7 +492,7 @@ def open_session(run, config, input_init):
   Yields:
     (session, Saver that continues the rotation of run.kept).
   """
-  saver = training_run.make_saver(KEEP_CHECKPOINTS, tf.compat.v1.global_variables())
+  saver = training_run.make_saver(tf.compat.v1.global_variables())
   init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(config=config) as sess:
     if run.checkpoint:
@@ -502,9 +502,6 @@ def open_session(run, config, input_init):
         raise TrainingError('cannot restore %s into this model: %s Use another '
                             '--train_dir, or --fresh to start over.'
                             % (run.checkpoint, training_run.restore_error(e))) from None
-      # Older checkpoints are deleted as new ones land, whichever run wrote them.
-      saver.set_last_checkpoints_with_time([(p, os.path.getmtime(p + '.index'))
-                                            for p in run.kept])
       print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
     else:
       sess.run(init)
@@ -623,7 +620,7 @@ def _save(sess, saver, all_finite, train_dir, model_name, step, last_saved):
         'INITIAL_LEARNING_RATE (%s/model.py); %s'
         % (step, model_name, _last_checkpoint_note(last_saved)))
   print('Saved checkpoint %s' % training_run.save_checkpoint(sess, saver, train_dir, step,
-                                                             last_saved))
+                                                             KEEP_CHECKPOINTS))
   sys.stdout.flush()
   return step
 
@@ -684,7 +681,7 @@ def check_flags(also_positive=()):
 
 def main(argv):
   del argv  # absl has already refused unknown flags
-  stop = training_run.StopSignals()  # first, so that no Ctrl-C or SIGTERM is lost
+  stop = training_run.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
   apply_dataset_defaults()
   check_flags()
   tf.compat.v1.disable_eager_execution()

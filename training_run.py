@@ -3,11 +3,16 @@
 Both trainers (multi_gpu_train.py and dist_train.py's chief) use these:
 
     lock = lock_train_dir(train_dir)        # one trainer per directory, or a clear stop
-    path, step, kept, notes = checkpoint_to_resume(train_dir)
-    saver = make_saver(...)                 # relative paths; rotation across restarts
-    save_checkpoint(sess, saver, ...)       # a failed write: one line, nothing lost
-    stop = StopSignals()                    # Ctrl-C and SIGTERM: finish the step, save
+    path, step, kept, notes = checkpoint_to_resume(train_dir)  # also clears leftovers
+    saver = make_saver(var_list)            # relative paths; never deletes anything
+    save_checkpoint(sess, saver, train_dir, step, keep)  # writes, rotates; one-line errors
+    stop = StopSignals(train_dir)           # Ctrl-C, SIGTERM: finish the step, save
     write_run_record(train_dir, record)     # what the run used, as JSON
+    writer = SummaryWriter(train_dir)       # event files; a failed write said once
+
+The directory's own files are found by listing it and matching their names,
+never by a glob of its path: a --train_dir such as runs/g[12] must not reach
+runs/g1 and runs/g2.
 
 Nothing here builds a model or reads flags. Errors are TrainingError, with a
 message that names the path, what is wrong and what to do.
@@ -15,14 +20,18 @@ message that names the path, what is wrong and what to do.
 import contextlib
 import errno
 import fcntl
+import fnmatch
 import glob
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import stat
 import sys
 import tempfile
+import threading
 import time
 
 import tensorflow as tf
@@ -30,7 +39,9 @@ import tensorflow as tf
 CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
 STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
 LOCK_FILE = '.lock'               # held by the running trainer; holds its PID
+GLOB_CHARACTERS = '*?[\\'         # TensorFlow's checkpoint reader expands these in a path
 TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
+CHECKPOINT_INDEX = re.compile(r'model\.ckpt-(\d+)\.index$')  # one file per checkpoint
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
 SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
@@ -74,10 +85,17 @@ def list_gpus():
 # ---- One trainer per directory -------------------------------------------------
 
 def check_train_dir(train_dir):
-  """Raises TrainingError when train_dir names something other than a directory."""
+  """Raises TrainingError when train_dir names something other than a directory, or
+  a path TensorFlow could not read a checkpoint back from."""
   if os.path.exists(train_dir) and not os.path.isdir(train_dir):
     raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
                         'at a directory (it is created if missing).' % train_dir)
+  found = sorted(set(GLOB_CHARACTERS) & set(train_dir))
+  if found:
+    raise TrainingError('--train_dir %s has %s in its path: TensorFlow reads a checkpoint '
+                        'back through a glob of its path, so this run could never resume. '
+                        'Name the directory without any of %s.'
+                        % (train_dir, ' '.join(found), ' '.join(GLOB_CHARACTERS)))
 
 
 def make_train_dir(train_dir):
@@ -103,11 +121,20 @@ def lock_train_dir(train_dir):
     TrainingError: another process holds the lock, naming it by PID.
   """
   path = os.path.join(train_dir, LOCK_FILE)
-  try:
-    lock = open(path, 'a+')
+  not_a_file = ('%s is not a regular file (a symbolic link, a directory or a pipe), so '
+                'the trainer will not write its PID into it. Remove it; the trainer '
+                'creates its own.' % path)
+  try:  # O_NOFOLLOW: a symlink planted as .lock must not redirect the PID elsewhere
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
   except OSError as e:
+    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+      raise TrainingError(not_a_file) from None
     raise TrainingError('cannot open the lock file %s: %s. Check that --train_dir is a '
-                        'directory you can write to.' % (path, e.strerror)) from e
+                        'directory you can write to.' % (path, e.strerror)) from None
+  if not stat.S_ISREG(os.fstat(fd).st_mode):
+    os.close(fd)
+    raise TrainingError(not_a_file)
+  lock = os.fdopen(fd, 'r+')
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
@@ -120,10 +147,16 @@ def lock_train_dir(train_dir):
         '%s is in use by another trainer (PID %s): two runs in one directory would '
         'overwrite each other\'s checkpoints. Stop that run, or give this one another '
         '--train_dir.' % (train_dir, holder)) from None
-  lock.seek(0)
-  lock.truncate()
-  lock.write('%d\n' % os.getpid())
-  lock.flush()
+  try:
+    lock.seek(0)
+    lock.truncate()
+    lock.write('%d\n' % os.getpid())
+    lock.flush()
+  except OSError as e:
+    lock.close()
+    raise TrainingError('cannot write this trainer\'s PID into %s: %s. Free space or '
+                        'raise the file-size limit (ulimit -f), or point --train_dir at a '
+                        'writable disk.' % (path, e.strerror)) from None
   return lock
 
 
@@ -139,11 +172,30 @@ def write_run_record(train_dir, record):
   """Writes `record` (a dict) as train_dir/run-<date>-<time>-step<N>.json; returns the path."""
   path = os.path.join(train_dir, 'run-%s-step%d.json' % (time.strftime('%Y%m%d-%H%M%S'),
                                                          record.get('start_step', 0)))
-  with open(path + '.tmp', 'w') as f:
-    json.dump(record, f, indent=1)
-    f.write('\n')
-  os.replace(path + '.tmp', path)
+  try:
+    _write_whole(path, json.dumps(record, indent=1) + '\n')
+  except OSError as e:
+    raise TrainingError('cannot write the run record %s: %s. Point --train_dir at a '
+                        'directory you can write to, with free space and no file-size '
+                        'limit (ulimit -f).' % (path, e.strerror or e)) from None
   return path
+
+
+def _write_whole(path, text):
+  """Writes text to path through a temporary file beside it: all of it or nothing.
+
+  Raises:
+    OSError: the temporary file is removed; path is as it was.
+  """
+  tmp_path = '%s.tmp%d' % (path, os.getpid())
+  try:
+    with open(tmp_path, 'w') as f:
+      f.write(text)
+    os.replace(tmp_path, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.remove(tmp_path)
+    raise
 
 
 def text_summary(tag, record):
@@ -154,6 +206,64 @@ def text_summary(tag, record):
   value.metadata.plugin_data.plugin_name = 'text'
   value.tensor.CopyFrom(tf.make_tensor_proto(text))
   return summary
+
+
+class SummaryWriter:
+  """An event file for TensorBoard whose failed write is said once, plainly.
+
+  tf.compat.v1.summary.FileWriter writes from a thread of its own: a write that
+  fails (a file-size limit, a full disk) prints a traceback from that thread and
+  raises later, from whichever call comes next. This writer writes and flushes
+  each event in the caller's thread, in the same format (TFRecords of Event
+  protos, named as TensorFlow names them). The first failure prints one line to
+  stderr; after it nothing more is written, and training goes on.
+
+  Args:
+    logdir: str, an existing directory.
+    graph: a tf.Graph to show in TensorBoard, or None.
+  """
+
+  def __init__(self, logdir, graph=None):
+    self.path = os.path.join(logdir, 'events.out.tfevents.%010d.%s'
+                             % (time.time(), socket.gethostname()))
+    self.failed = False
+    self._writer = None
+    self._write(tf.compat.v1.Event(wall_time=time.time(), file_version='brain.Event:2'),
+                step=0)
+    if graph is not None:
+      self._write(tf.compat.v1.Event(wall_time=time.time(), graph_def=graph.as_graph_def(
+          add_shapes=True).SerializeToString()), step=0)
+
+  def add_summary(self, summary, global_step):
+    """summary: a tf.compat.v1.Summary, or its serialized bytes (a summary op's value)."""
+    if isinstance(summary, bytes):
+      summary = tf.compat.v1.Summary.FromString(summary)
+    self._write(tf.compat.v1.Event(wall_time=time.time(), step=int(global_step),
+                                   summary=summary), int(global_step))
+
+  def flush(self):
+    """Each event is flushed as it is written; here for FileWriter's callers."""
+
+  def close(self):
+    if self._writer is not None and not self.failed:
+      self._writer.close()
+    self._writer = None
+
+  def _write(self, event, step):
+    if self.failed:
+      return
+    try:
+      if self._writer is None:
+        self._writer = tf.io.TFRecordWriter(self.path)
+      self._writer.write(event.SerializeToString())
+      self._writer.flush()
+    except (tf.errors.OpError, OSError) as e:
+      self.failed = True
+      sys.stderr.write('warning: cannot write %s: %s. Training goes on, but TensorBoard '
+                       'will show no summaries from step %d on; free space or raise the '
+                       'file-size limit (ulimit -f) to keep them.\n'
+                       % (self.path, _os_error(e, self.path), step))
+      sys.stderr.flush()
 
 
 @contextlib.contextmanager
@@ -180,24 +290,52 @@ class StopSignals:
 
   The handlers only set a flag, which the loop reads between steps, so a signal is
   never lost, whenever it arrives: raised as an exception inside TensorFlow's
-  own Python code, a KeyboardInterrupt can be swallowed there. A second signal,
-  for someone who cannot wait for the step to end, raises KeyboardInterrupt at once.
+  own Python code, a KeyboardInterrupt can be swallowed there.
+
+  A second signal is for someone who cannot wait for the step to end. With
+  train_dir, the process exits at once, even while its main thread is inside
+  TensorFlow's C++ code (a checkpoint write), where no Python handler runs: the C
+  handler writes each signal's number to a pipe (signal.set_wakeup_fd) and a
+  thread reading it exits on the second. Without train_dir (a launcher whose own
+  loop is plain Python), the second signal raises KeyboardInterrupt there.
 
   SIGXFSZ is ignored, so that a file-size limit makes the checkpoint write fail
   with an error this program reports, instead of killing it without a word.
+
+  Args:
+    train_dir: str, named in the line a second signal prints, or None.
   """
 
-  def __init__(self):
+  def __init__(self, train_dir=None):
     self.signum = None
+    self._train_dir = train_dir
     for signum in SIGNAL_EXIT_CODES:
       signal.signal(signum, self._handle)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if train_dir is not None:
+      read_fd, write_fd = os.pipe()
+      os.set_blocking(write_fd, False)  # the C handler must never block
+      signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+      threading.Thread(target=self._exit_on_second, args=(read_fd,), daemon=True,
+                       name='StopSignals').start()
 
   def _handle(self, signum, frame):
     del frame
-    if self.signum is not None:
+    if self.signum is None:
+      self.signum = signum
+    elif self._train_dir is None:
       raise KeyboardInterrupt
-    self.signum = signum
+
+  def _exit_on_second(self, read_fd):
+    seen = 0
+    while True:
+      for signum in os.read(read_fd, 64):  # one byte per signal, its number
+        seen += signum in SIGNAL_EXIT_CODES
+        if seen == 2:
+          line = ('Stopped by a second %s without saving; the last checkpoint in %s is '
+                  'untouched.\n' % (SIGNAL_NAMES[signum], self._train_dir))
+          os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock
+          os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
 
   @property
   def requested(self):
@@ -228,12 +366,17 @@ def checkpoint_step(path):
   return int(tail) if tail.isdigit() else None
 
 
+def _names(train_dir):
+  """The names of train_dir's entries: listed, never globbed (see the module docstring)."""
+  return os.listdir(train_dir) if os.path.isdir(train_dir) else []
+
+
 def _checkpoints_on_disk(train_dir):
   """Prefixes of this directory's model.ckpt-<step> checkpoints, newest first."""
-  prefixes = [p[:-len('.index')] for p in
-              glob.glob(os.path.join(train_dir, CHECKPOINT_PREFIX + '-*.index'))]
-  return sorted((p for p in prefixes if checkpoint_step(p) is not None),
-                key=checkpoint_step, reverse=True)
+  steps = [int(found.group(1)) for found in map(CHECKPOINT_INDEX.match, _names(train_dir))
+           if found]
+  return [os.path.join(train_dir, '%s-%d' % (CHECKPOINT_PREFIX, step))
+          for step in sorted(steps, reverse=True)]
 
 
 def read_whole(path):
@@ -312,19 +455,23 @@ def checkpoint_to_resume(train_dir):
   named by an absolute path). Without one (a run killed between a checkpoint's
   files and its state file), the newest checkpoint on disk that reads whole.
 
+  Call it holding the lock (lock_train_dir): first it removes what killed runs
+  left of their checkpoint writes (remove_leftovers).
+
   Returns:
-    (path, global step, the state file's checkpoints in train_dir that still
-     exist, oldest first, for the Saver's rotation, notes to print), or
-    (None, 0, [], []) for a directory with no checkpoint.
+    (path, global step, the checkpoints of train_dir that save_checkpoint's
+     rotation continues with, oldest first, notes to print), or
+    (None, 0, [], notes) for a directory with no checkpoint.
 
   Raises:
     TrainingError: the state file or the checkpoint it names cannot be read, or
       no checkpoint on disk reads whole.
   """
-  notes = []
+  notes = remove_leftovers(train_dir)
   named = read_state_file(train_dir) if os.path.isdir(train_dir) else None
   if named is None:
-    return _newest_whole_checkpoint(train_dir)
+    path, step, kept, more_notes = _newest_whole_checkpoint(train_dir)
+    return path, step, kept, notes + more_notes
   paths = [in_this_dir(train_dir, p, notes) for p in named]
   path = paths[0]
   try:
@@ -334,10 +481,29 @@ def checkpoint_to_resume(train_dir):
         'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
         'older %s-<step> in that directory, or pass --fresh to start from step 0.'
         % (path, os.path.join(train_dir, STATE_FILE), e, CHECKPOINT_PREFIX)) from None
-  # Only this directory's own files: the Saver deletes the oldest of these.
-  kept = [p for p in reversed(paths) if os.path.exists(p + '.index') and
-          os.path.dirname(p) == os.path.dirname(os.path.join(train_dir, 'x'))]
-  return path, step, kept, notes
+  return path, step, _own_checkpoints(train_dir, paths), notes
+
+
+def _own_checkpoints(train_dir, paths):
+  """Of the paths a state file names (latest first, as found by in_this_dir), those
+  rotation may delete: this directory's own model.ckpt-<step> that exist, oldest first.
+
+  A path outside train_dir (../victim/model.ckpt-1, /elsewhere/model.ckpt-1) is
+  never among them.
+  """
+  here = os.path.dirname(os.path.join(train_dir, 'x'))
+  return [p for p in reversed(paths) if os.path.dirname(p) == here and
+          CHECKPOINT_INDEX.match(os.path.basename(p) + '.index') and
+          os.path.exists(p + '.index')]
+
+
+def _rotation(train_dir):
+  """The checkpoints save_checkpoint rotates, oldest first: the state file's own,
+  or without a state file, this directory's checkpoints by step."""
+  named = read_state_file(train_dir)
+  if named is None:
+    return list(reversed(_checkpoints_on_disk(train_dir)))
+  return _own_checkpoints(train_dir, [in_this_dir(train_dir, p, []) for p in named])
 
 
 def _newest_whole_checkpoint(train_dir):
@@ -356,7 +522,7 @@ def _newest_whole_checkpoint(train_dir):
             % (train_dir, STATE_FILE, os.path.basename(path)))
     if skipped:
       note += ' Skipped, unreadable: %s.' % '; '.join(skipped)
-    return path, step, list(reversed(found[:found.index(path) + 1])), [note]
+    return path, step, list(reversed(found)), [note]
   raise TrainingError(
       '%s holds checkpoints but none reads whole: %s. Pass --fresh to set them aside '
       'and start from step 0.' % (train_dir, '; '.join(skipped)))
@@ -369,41 +535,120 @@ def restore_error(e):
   return named.group(1).rstrip('.') + '.' if named else text[:300]
 
 
-def make_saver(max_to_keep, var_list=None):
-  """A Saver writing the state file with paths relative to its directory.
+def make_saver(var_list=None):
+  """A Saver that writes checkpoints and deletes nothing: save_checkpoint rotates.
 
-  A directory written this way can be moved or copied and resumed from.
+  The Saver's own rotation (max_to_keep) deletes through a glob of the
+  directory's path, and a --train_dir such as runs/g[12] would lose the files
+  of runs/g1 and runs/g2; max_to_keep=None turns it off.
   """
-  return tf.compat.v1.train.Saver(var_list, max_to_keep=max_to_keep,
-                                  save_relative_paths=True)
+  return tf.compat.v1.train.Saver(var_list, max_to_keep=None, save_relative_paths=True)
 
 
-def save_checkpoint(sess, saver, train_dir, step, last_saved):
-  """Writes train_dir/model.ckpt-<step>; returns its path.
+def save_checkpoint(sess, saver, train_dir, step, keep):
+  """Writes train_dir/model.ckpt-<step>, names it in the state file, rotates; returns its path.
+
+  The state file then names this directory's newest `keep` checkpoints, by
+  names relative to it (a directory written this way can be moved or copied and
+  resumed from); the older ones are deleted, after the state file is written.
+  Only this directory's own files named model.ckpt-<step>.{index,data-*,meta} are
+  ever deleted: a path the state file names elsewhere is left alone.
 
   A write that fails (disk full, file-size limit, read-only directory) removes
   what it had started and leaves the previous checkpoint and state file as they were.
 
+  Args:
+    sess: the session holding the variables.
+    saver: from make_saver().
+    train_dir: str.
+    step: int, the global step, in the checkpoint's name.
+    keep: int >= 1, how many checkpoints to keep.
+
   Raises:
     TrainingError: naming the path, the OS error and what to do.
   """
-  prefix = os.path.join(train_dir, CHECKPOINT_PREFIX)
+  if keep < 1:
+    raise ValueError('keep must be at least 1, got %r' % (keep,))
+  path = os.path.join(train_dir, '%s-%d' % (CHECKPOINT_PREFIX, step))
+  before = _rotation(train_dir)
+  kept = [p for p in before if p != path] + [path]
   try:
-    return saver.save(sess, prefix, global_step=step)
+    saver.save(sess, os.path.join(train_dir, CHECKPOINT_PREFIX), global_step=step,
+               write_state=False)
+    _write_state_file(train_dir, kept[-keep:])
   except (tf.errors.OpError, OSError) as e:
-    path = '%s-%d' % (prefix, step)
-    for leftover in (glob.glob(path + '.*') + glob.glob(path + '_temp*') +
-                     glob.glob(os.path.join(train_dir, STATE_FILE + '.tmp*'))):
-      if os.path.isdir(leftover):
-        shutil.rmtree(leftover, ignore_errors=True)
-      else:
-        os.remove(leftover)
-    kept = ('the previous checkpoint, step %d, and the state file are untouched'
-            % last_saved if last_saved else 'no checkpoint was written before')
+    for name in _names(train_dir):
+      if name.startswith(CHECKPOINT_PREFIX + '-%d.' % step) or name.startswith(
+          CHECKPOINT_PREFIX + '-%d_temp' % step) or name.startswith(STATE_FILE + '.tmp'):
+        _remove(os.path.join(train_dir, name))
+    previous = [p for p in before if p != path]
+    untouched = ('the previous checkpoint, step %d, and the state file are untouched'
+                 % checkpoint_step(previous[-1]) if previous else
+                 'no checkpoint was written before')
     raise TrainingError(
         'cannot write checkpoint %s: %s. Free space or raise the file-size limit '
         '(ulimit -f) for %s, or point --train_dir at a writable disk; %s.'
-        % (path, _os_error(e, path), train_dir, kept)) from None
+        % (path, _os_error(e, path), train_dir, untouched)) from None
+  for old in kept[:-keep]:
+    _remove_checkpoint(train_dir, checkpoint_step(old))
+  return path
+
+
+def _write_state_file(train_dir, kept):
+  """train_dir/checkpoint naming `kept` (oldest first) by their names, the last as latest."""
+  from google.protobuf import text_format
+  from tensorflow.python.checkpoint import checkpoint_management
+  names = [os.path.basename(p) for p in kept]
+  state = checkpoint_management.CheckpointState(model_checkpoint_path=names[-1],
+                                                all_model_checkpoint_paths=names)
+  _write_whole(os.path.join(train_dir, STATE_FILE), text_format.MessageToString(state))
+
+
+def _remove_checkpoint(train_dir, step):
+  """Deletes this directory's model.ckpt-<step>.{index,data-*,meta}, the index first:
+  a kill midway leaves data without an index, which remove_leftovers recognises."""
+  prefix = '%s-%d.' % (CHECKPOINT_PREFIX, step)
+  names = [name for name in _names(train_dir) if name.startswith(prefix) and
+           (name[len(prefix):] in ('index', 'meta') or name[len(prefix):].startswith('data-'))]
+  for name in sorted(names, key=lambda name: not name.endswith('.index')):
+    _remove(os.path.join(train_dir, name))
+
+
+def _remove(path):
+  """Removes a file, a symbolic link (not what it points at) or a directory tree."""
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+
+
+# What killed runs leave in train_dir, matched against the names of its entries.
+LEFTOVERS = re.compile(r'(model\.ckpt-\d+(\..*(tempstate|\.tmp)|_temp)|checkpoint\.tmp|'
+                       r'run-.*\.json\.tmp)')
+WITHOUT_INDEX = re.compile(r'(model\.ckpt-\d+)\.(data-.*|meta)$')  # leftovers if no .index
+
+
+def remove_leftovers(train_dir):
+  """Removes what killed runs left of checkpoint writes in train_dir itself.
+
+  That is: temporary files of a save (model.ckpt-<step>.data-*tempstate*,
+  model.ckpt-<step>_temp*, checkpoint.tmp*, run-*.json.tmp*), and the data or
+  graph of a checkpoint whose .index is missing (a run killed while deleting it).
+  Nothing outside train_dir, and no other name. Call it holding the lock.
+
+  Returns:
+    notes to print: one line naming what was removed, or none.
+  """
+  names = set(_names(train_dir))
+  removed = sorted(name for name in names if LEFTOVERS.match(name) or (
+      WITHOUT_INDEX.match(name) and
+      WITHOUT_INDEX.match(name).group(1) + '.index' not in names))
+  for name in removed:
+    _remove(os.path.join(train_dir, name))
+  if not removed:
+    return []
+  return ['Removed what interrupted runs left in %s: %s.' % (train_dir, ', '.join(removed))]
 
 
 def _os_error(e, path):
@@ -422,14 +667,18 @@ def _one_line(e):
 
 def set_aside(train_dir):
   """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
-  found = sorted({p for pattern in TRAIN_DIR_FILES
-                  for p in glob.glob(os.path.join(train_dir, pattern))})
+  found = sorted(name for name in _names(train_dir)
+                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in TRAIN_DIR_FILES))
   if not found:
     return
   dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
-  os.makedirs(dest)
-  for path in found:
-    shutil.move(path, dest)
+  try:
+    os.makedirs(dest)
+    for name in found:
+      shutil.move(os.path.join(train_dir, name), dest)
+  except OSError as e:
+    raise TrainingError('--fresh cannot move the files of %s into %s: %s. Move them '
+                        'yourself, or point --train_dir at an empty directory.'
+                        % (train_dir, dest, e.strerror or e)) from None
   print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
-        'no longer need them.' % (len(found), train_dir, dest,
-                                  ', '.join(os.path.basename(p) for p in found)))
+        'no longer need them.' % (len(found), train_dir, dest, ', '.join(found)))

@@ -4,13 +4,16 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
+import cifar10
 import cifar10_input
 import conftest
+import evaluation
 import multi_gpu_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,3 +153,36 @@ def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path):
   code, _, err = _eval('--run_once', '--checkpoint_dir=%s' % tmp_path,
                        '--eval_dir=%s' % tmp_path)
   assert code == 1 and 'give this program a directory of its own' in err
+
+
+def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(tmp_path,
+                                                                           monkeypatch,
+                                                                           capsys):
+  sample = conftest.write_sample(tmp_path / 'data', records_per_file=5)
+  train_dir = tmp_path / 'train'
+  multi_gpu_train.train(str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=2,
+                        summary_steps=0, save_every_n_steps=1, data_md5=sample.md5)
+  found = []
+
+  def latest_then_rotated(checkpoint_dir):
+    """Finds model.ckpt-2; before it is read, the trainer saves 3 and deletes 2."""
+    path = evaluation.training_run.read_state_file(checkpoint_dir)[0]
+    found.append(path)
+    if len(found) == 1:
+      for name in glob.glob(str(train_dir / 'model.ckpt-2.*')):
+        os.rename(name, name.replace('ckpt-2', 'ckpt-3'))
+      (train_dir / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-3"\n')
+    return os.path.join(checkpoint_dir, path)
+
+  monkeypatch.setattr(evaluation, 'latest_checkpoint', latest_then_rotated)
+  flags = types.SimpleNamespace(
+      checkpoint_dir=str(train_dir), eval_dir=str(tmp_path / 'eval'), data_dir=sample.dir,
+      eval_data='test', batch_size=5, use_moving_averages=True, run_once=True,
+      eval_interval_secs=1)
+  with tf.Graph().as_default():  # as after the program's disable_eager_execution()
+    evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train').close()
+  out = capsys.readouterr().out
+  assert found == ['model.ckpt-2', 'model.ckpt-3']
+  assert '%s/model.ckpt-2 went away while being read; trying again.' % train_dir in out
+  precision = PRECISION.search(out)
+  assert precision and precision.group(2) == '2', out  # ckpt-3 holds step 2's values

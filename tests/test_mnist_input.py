@@ -3,6 +3,7 @@ import gzip
 import hashlib
 import os
 import struct
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -175,3 +176,35 @@ def test_write_sample_refuses_to_overwrite(tmp_path):
   with pytest.raises(mnist_input.DataError, match='already exists; nothing was written'):
     mnist_input.write_sample(str(tmp_path), train_records=30, test_records=5)
   assert (tmp_path / 'train.tfrecords').read_bytes() == before
+
+
+@pytest.mark.parametrize('cut', [4, 11, 12 + 100], ids=['in-length', 'in-length-crc',
+                                                       'in-data'])
+def test_check_records_file_cut_in_last_record_names_file_and_offset(tmp_path, cut):
+  path = tmp_path / 'train.tfrecords'
+  _write(path, np.zeros((50, 784), np.uint8), [3] * 50)
+  data = path.read_bytes()
+  record_bytes = len(data) // 50
+  path.write_bytes(data[:49 * record_bytes + cut])  # record 49 cut `cut` bytes in
+  with pytest.raises(mnist_input.DataError) as e:
+    mnist_input.check_records(str(path))
+  if cut < 12:  # TensorFlow's reader takes this for the end of the file
+    assert str(e.value) == (
+        '%s ends with %d bytes at byte offset %d that do not make a record (after record '
+        '48): the file was cut short or has bytes appended. Remove it to write it again.'
+        % (path, cut, 49 * record_bytes))
+  else:
+    assert str(e.value).startswith('%s record 49 cannot be read (at byte offset %d): '
+                                   % (path, 49 * record_bytes)), str(e.value)
+
+
+def test_check_records_counts_whole_file_in_bounded_memory(tmp_path):
+  path = tmp_path / 'train.tfrecords'
+  _write(path, np.zeros((20000, 784), np.uint8), [1] * 20000)  # 16 MB of records
+  tracemalloc.start()
+  try:
+    assert mnist_input.check_records(str(path)) == 20000
+    peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
+  finally:
+    tracemalloc.stop()
+  assert peak_mb < 2, peak_mb  # holding every record took 16 MB and more

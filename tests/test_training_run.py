@@ -4,6 +4,7 @@ Each test provokes one fault the way a user or the machine would (a real second
 process, a real signal, a real file-size limit) and checks what the README
 promises: a clear line, the right exit code, and no checkpoint lost.
 """
+import contextlib
 import glob
 import os
 import re
@@ -230,7 +231,7 @@ def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp
   code, out, err = _run(_args(sample, tmp_path, '--max_steps=4'),
                         preexec_fn=limit_file_size)
   assert code == 1, err
-  error = [line for line in err.splitlines() if 'error' in line.lower()]
+  error = [line for line in err.splitlines() if line.startswith('error')]  # not oneDNN's
   assert error == ['error: cannot write checkpoint %s/model.ckpt-4: File too large. Free '
                    'space or raise the file-size limit (ulimit -f) for %s, or point '
                    '--train_dir at a writable disk; the previous checkpoint, step 2, and '
@@ -298,3 +299,239 @@ def test_another_models_checkpoint_one_line_naming_the_variable(sample, tmp_path
                          % tmp_path), line
   assert 'conv1/biases' in line or 'conv1/weights' in line, line
   assert line.endswith('Use another --train_dir, or --fresh to start over.')
+
+
+# ---- The lock file is this trainer's own -----------------------------------------
+
+def test_lock_file_symlink_refused_decoy_untouched(tmp_path):
+  decoy = tmp_path / 'decoy'
+  decoy.write_text('precious\n')
+  (tmp_path / 'train').mkdir()
+  os.symlink(decoy, tmp_path / 'train' / '.lock')
+  with pytest.raises(training_run.TrainingError,
+                     match=r'%s is not a regular file .* Remove it' % re.escape(
+                         str(tmp_path / 'train' / '.lock'))):
+    training_run.lock_train_dir(str(tmp_path / 'train'))
+  assert decoy.read_text() == 'precious\n'
+
+
+@pytest.mark.parametrize('make', [os.mkdir, os.mkfifo], ids=['directory', 'fifo'])
+def test_lock_file_not_regular_refused(tmp_path, make):
+  make(tmp_path / '.lock')
+  with pytest.raises(training_run.TrainingError, match='is not a regular file'):
+    training_run.lock_train_dir(str(tmp_path))
+
+
+# ---- Rotation touches this directory's own checkpoints only ----------------------
+
+@contextlib.contextmanager
+def _session():
+  """A session of a two-variable graph, and its make_saver() Saver, in that graph."""
+  with tf.Graph().as_default():
+    tf.compat.v1.get_variable('weights', initializer=[1.0, 2.0])
+    tf.compat.v1.train.get_or_create_global_step()
+    saver = training_run.make_saver()
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      yield sess, saver
+
+
+def _checkpoint_files(directory, step):
+  return {'model.ckpt-%d.index' % step, 'model.ckpt-%d.meta' % step,
+          'model.ckpt-%d.data-00000-of-00001' % step}
+
+
+def test_save_checkpoint_glob_characters_in_dir_keeps_siblings_files(tmp_path):
+  runs = tmp_path / 'runs'
+  for sibling in ('g1', 'g2'):
+    (runs / sibling).mkdir(parents=True)
+    for step in (1, 2, 3):
+      for name in _checkpoint_files(runs / sibling, step):
+        (runs / sibling / name).write_text(sibling)
+  before = {sibling: _files(runs / sibling) for sibling in ('g1', 'g2')}
+  train_dir = runs / 'g[12]'
+  train_dir.mkdir()
+  with _session() as (sess, saver):
+    for step in range(1, 6):
+      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+  assert {sibling: _files(runs / sibling) for sibling in ('g1', 'g2')} == before
+  assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 4) | _checkpoint_files(
+      train_dir, 5) | {'checkpoint'}
+  assert (train_dir / 'checkpoint').read_text().splitlines() == [
+      'model_checkpoint_path: "model.ckpt-5"',
+      'all_model_checkpoint_paths: "model.ckpt-4"',
+      'all_model_checkpoint_paths: "model.ckpt-5"']
+
+
+def test_check_train_dir_glob_characters_refused_naming_them(tmp_path):
+  with pytest.raises(training_run.TrainingError,
+                     match=r'g\[12\] has \[ in its path: .* could never resume'):
+    training_run.check_train_dir(str(tmp_path / 'g[12]'))
+
+
+def test_save_checkpoint_state_file_naming_paths_elsewhere_never_deletes_them(tmp_path):
+  victim, elsewhere, train_dir = tmp_path / 'victim', tmp_path / 'elsewhere', tmp_path / 'train'
+  for directory in (victim, elsewhere, train_dir):
+    directory.mkdir()
+  for directory in (victim, elsewhere):
+    for name in _checkpoint_files(directory, 1):
+      (directory / name).write_text('keep me')
+  (train_dir / 'checkpoint').write_text(
+      'model_checkpoint_path: "%s/model.ckpt-1"\n'
+      'all_model_checkpoint_paths: "../victim/model.ckpt-1"\n'
+      'all_model_checkpoint_paths: "%s/model.ckpt-1"\n' % (elsewhere, elsewhere))
+  with _session() as (sess, saver):
+    for step in range(2, 6):
+      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+  for directory in (victim, elsewhere):
+    assert set(os.listdir(directory)) == _checkpoint_files(directory, 1)
+  assert sorted(glob.glob(str(train_dir / '*.index'))) == [
+      str(train_dir / 'model.ckpt-4.index'), str(train_dir / 'model.ckpt-5.index')]
+
+
+# ---- What killed runs leave behind ---------------------------------------------------
+
+def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
+  train_dir, outside = tmp_path / 'train', tmp_path / 'outside'
+  train_dir.mkdir()
+  outside.mkdir()
+  with _session() as (sess, saver):
+    training_run.save_checkpoint(sess, saver, str(train_dir), 3, keep=5)
+  leftovers = ['model.ckpt-2.data-00000-of-00001.tempstate123',
+               'model.ckpt-2.index.tempstate456', 'model.ckpt-4_temp',
+               'checkpoint.tmp99', 'model.ckpt-17.data-00000-of-00001', 'model.ckpt-17.meta']
+  for name in leftovers:
+    (train_dir / name).write_text('left')
+  os.remove(train_dir / 'model.ckpt-4_temp')
+  (train_dir / 'model.ckpt-4_temp').mkdir()  # as a save makes it
+  (train_dir / 'model.ckpt-4_temp' / 'part-00000-of-00001.index').write_text('left')
+  (outside / 'model.ckpt-9.data-00000-of-00001').write_text('not ours')
+  os.symlink(outside / 'model.ckpt-9.data-00000-of-00001',
+             train_dir / 'model.ckpt-9.data-00000-of-00001')  # removed: the link, not its target
+  mine = ['model.ckpt-2.txt', 'notes.tmp', 'checkpoint.old']  # not names a save leaves
+  for name in mine:
+    (train_dir / name).write_text('mine')
+  path, step, kept, notes = training_run.checkpoint_to_resume(str(train_dir))
+  assert (path, step) == (str(train_dir / 'model.ckpt-3'), 0)
+  assert notes == ['Removed what interrupted runs left in %s: %s.' % (train_dir, ', '.join(
+      sorted(leftovers + ['model.ckpt-9.data-00000-of-00001'])))]
+  assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 3) | set(mine) | {
+      'checkpoint'}
+  assert (outside / 'model.ckpt-9.data-00000-of-00001').read_text() == 'not ours'
+  assert training_run.checkpoint_to_resume(str(train_dir))[3] == []  # nothing left
+
+
+# ---- A second signal stops at once, even inside TensorFlow ---------------------------
+
+BLOCKED_IN_TENSORFLOW = '''
+import sys
+import tensorflow as tf
+import training_run
+tf.compat.v1.disable_eager_execution()
+stop = training_run.StopSignals(sys.argv[1])
+dequeue = tf.queue.FIFOQueue(1, tf.float32).dequeue()  # nothing comes: waits in C++
+config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=30000)
+with tf.compat.v1.Session(config=config) as sess:
+  print('blocked', flush=True)
+  try:
+    sess.run(dequeue)
+  except tf.errors.DeadlineExceededError:
+    print('timed out; stop requested: %s' % stop.requested, flush=True)
+'''
+
+
+@pytest.mark.parametrize('sig, code, name', [(signal.SIGINT, 130, 'Ctrl-C'),
+                                             (signal.SIGTERM, 143, 'SIGTERM')])
+def test_second_signal_while_inside_tensorflow_exits_at_once_saying_so(tmp_path, sig, code,
+                                                                      name):
+  proc = _start([sys.executable, '-c', BLOCKED_IN_TENSORFLOW, str(tmp_path)])
+  try:
+    _read_until(proc, '^blocked$')
+    time.sleep(1)  # inside sess.run
+    proc.send_signal(sig)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    second = time.time()
+    out, err = proc.communicate(timeout=TIMEOUT_SECS)
+  finally:
+    proc.kill()
+  assert time.time() - second < 2, (out, err)
+  assert proc.returncode == code, (out, err)
+  assert err.strip().splitlines()[-1] == ('Stopped by a second %s without saving; the last '
+                                          'checkpoint in %s is untouched.' % (name, tmp_path))
+  assert 'timed out' not in out
+
+
+# ---- A write that fails: one line ---------------------------------------------------
+
+def _limit_file_size(limit):
+  def preexec():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  return preexec
+
+
+def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
+  script = ('import signal, sys, training_run\n'
+            'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
+            'try:\n'
+            '  training_run.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
+            'except training_run.TrainingError as e:\n'
+            '  sys.exit("error: %s" % e)\n')
+  code, out, err = _run([sys.executable, '-c', script, str(tmp_path)],
+                        preexec_fn=_limit_file_size(100))  # TensorFlow's start-up writes less
+  assert code == 1 and 'Traceback' not in err, err
+  line = err.strip().splitlines()[-1]
+  assert re.match(r'error: cannot write the run record %s/run-\d{8}-\d{6}-step3\.json: File '
+                  r'too large\. Point --train_dir at a directory you can write to'
+                  % re.escape(str(tmp_path)), line), line
+  assert os.listdir(tmp_path) == []
+
+
+# ---- Summaries cut short: said once, training goes on --------------------------------
+
+SUMMARIES_UNDER_LIMIT = '''
+import signal, sys
+import tensorflow as tf
+import training_run
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as StopSignals does
+writer = training_run.SummaryWriter(sys.argv[1])
+for step in range(200):
+  writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+      tag='loss', simple_value=float(step))]), step)
+writer.close()
+print('went on to the end')
+'''
+
+
+def test_summary_writer_over_file_size_limit_says_once_and_goes_on(tmp_path):
+  code, out, err = _run([sys.executable, '-c', SUMMARIES_UNDER_LIMIT, str(tmp_path)],
+                        preexec_fn=_limit_file_size(2000))
+  assert code == 0 and out == 'went on to the end\n', err
+  warnings = [line for line in err.splitlines() if 'cannot write' in line]
+  [path] = glob.glob(str(tmp_path / 'events.out.tfevents.*'))
+  assert len(warnings) == 1 and 'Traceback' not in err, err
+  steps = []
+  with pytest.raises(tf.errors.DataLossError):  # the last record is cut short
+    for event in tf.compat.v1.train.summary_iterator(path):
+      steps += [event.step] if event.summary.value else []
+  assert steps == list(range(len(steps))) and 10 < len(steps) < 200
+  assert warnings == ['warning: cannot write %s: File too large. Training goes on, but '
+                      'TensorBoard will show no summaries from step %d on; free space or '
+                      'raise the file-size limit (ulimit -f) to keep them.'
+                      % (path, len(steps))]
+
+
+def test_summary_writer_events_read_by_tensorboard(tmp_path):
+  with tf.Graph().as_default() as graph:
+    tf.constant(1.0, name='one')
+  writer = training_run.SummaryWriter(str(tmp_path), graph)
+  for step in (0, 5, 7):
+    writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+        tag='total_loss', simple_value=step / 10)]).SerializeToString(), step)
+  writer.close()
+  from tensorboard.backend.event_processing import event_accumulator
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [(e.step, round(e.value, 6)) for e in events.Scalars('total_loss')] == [
+      (0, 0.0), (5, 0.5), (7, 0.7)]
+  assert 'one' in [node.name for node in events.Graph().node]
