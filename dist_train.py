@@ -222,15 +222,18 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   then restores the latest checkpoint into them, as a restarted chief does.
   """
 
-  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, **kwargs):
+  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, **kwargs):
     super().__init__(**kwargs)
     self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
-    self._arm_watchdog, self._opened = arm_watchdog, 0
+    self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
 
   def create_session(self):
     if self._opened:
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
                     'restores the variables from the latest checkpoint')
+      # The newest of this directory's checkpoints that reads whole, found as at start.
+      self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
+          self._train_dir)[0]
     self._opened += 1
     with quiet_deprecations():  # of the Saver's restore
       return super().create_session()
@@ -390,14 +393,40 @@ class SyncReplicasWithAverages(tf.compat.v1.train.SyncReplicasOptimizer):
     return self._runner
 
 
-class PrintSaves(tf.compat.v1.train.CheckpointSaverListener):
-  """Prints each checkpoint's path, as multi_gpu_train.py does."""
+class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
+  """The chief's checkpoints, through the same machinery as multi_gpu_train.py's.
 
-  def __init__(self, train_dir):
-    self._prefix = os.path.join(train_dir, training_run.CHECKPOINT_PREFIX)
+  training_run.save_checkpoint writes them: rotation within --train_dir only,
+  the state file with relative names, and a failed write that stops the run with
+  one line instead of going on. Saved as the session opens, every
+  save_every_n_steps global steps, and at the end.
+  """
 
-  def after_save(self, session, global_step_value):
-    print('Saved checkpoint %s-%d' % (self._prefix, global_step_value), flush=True)
+  def __init__(self, train_dir, save_every_n_steps, saver, global_step):
+    self._train_dir, self._every = train_dir, save_every_n_steps
+    self._saver, self._global_step = saver, global_step
+    self._last = None
+
+  def after_create_session(self, session, coord):
+    del coord
+    self._save(session, session.run(self._global_step))
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    step = run_context.session.run(self._global_step)
+    if step // self._every != self._last // self._every:
+      self._save(run_context.session, step)
+
+  def end(self, session):
+    step = session.run(self._global_step)
+    if step != self._last:
+      self._save(session, step)
+
+  def _save(self, session, step):
+    path = training_run.save_checkpoint(session, self._saver, self._train_dir, step,
+                                        multi_gpu_train.KEEP_CHECKPOINTS)
+    print('Saved checkpoint %s' % path, flush=True)
+    self._last = step
 
 
 def run_ps(cluster, task_index):
@@ -449,7 +478,7 @@ def train(cluster, task_index, train_dir, data_dir, num_gpus, batch_size, max_st
       run.arm_watchdog(CLOSE_TIMEOUT_SECS + WATCHDOG_SLACK_SECS,
                        '%s: closing the session hung after the last step (%d)'
                        % (run.who, step))
-    # Closed: the chief's CheckpointSaverHook has saved the last step.
+    # Closed: the chief's SaveCheckpoints hook has saved the last step.
   run.arm_watchdog(None, '')
   if stop.requested:
     print('Stopped by %s at step %d; rerun the same command to resume.' % (stop.name, step),
@@ -575,10 +604,8 @@ def build(run, data_dir, batch_size, max_steps, sync_replicas, replicas_to_aggre
     scaffold = tf.compat.v1.train.Scaffold(
         saver=training_run.make_saver(),
         summary_op=built['summary_op'])
-    checkpoint_hook = tf.compat.v1.train.CheckpointSaverHook(
-        train_dir, save_steps=save_every_n_steps, scaffold=scaffold,
-        checkpoint_basename=training_run.CHECKPOINT_PREFIX,
-        listeners=[PrintSaves(train_dir)])
+    checkpoint_hook = SaveCheckpoints(train_dir, save_every_n_steps, scaffold.saver,
+                                      global_step)
   return TrainGraph(global_step, built['loss'], train_op, step_after, hooks, checkpoint_hook,
                     scaffold, release_workers, built, sync_replicas, replicas_to_aggregate)
 
@@ -639,7 +666,10 @@ def open_session(run, graph, train_dir, summary_steps, startup_timeout_secs):
       hooks.append(tf.compat.v1.train.SummarySaverHook(
           save_steps=summary_steps, output_dir=train_dir, scaffold=graph.scaffold))
     creator = ChiefSessions(run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog,
-                            scaffold=graph.scaffold, checkpoint_dir=train_dir,
+                            train_dir, scaffold=graph.scaffold,
+                            # The checkpoint training_run found and read whole,
+                            # not the state file's latest as TensorFlow reads it.
+                            checkpoint_filename_with_path=run.checkpoint,
                             master=run.server.target, config=run.config)
   else:
     creator = WorkerSessions(run.who, run.ps_hosts, run.chief_host, startup_timeout_secs,
@@ -919,7 +949,7 @@ def main(argv):
   del argv  # absl has already refused unknown flags
   # First, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step, the
   # chief saves. ps tasks keep Python's default: they hold nothing of their own.
-  stop = training_run.StopSignals() if FLAGS.job_name == 'worker' else None
+  stop = training_run.StopSignals(FLAGS.train_dir) if FLAGS.job_name == 'worker' else None
   die_with_launcher()
   for name, why in REFUSED_FLAGS.items():
     if FLAGS[name].present:

@@ -133,5 +133,6 @@ def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
                          '--batch_size=8', '--train_dir=%s' % tmp_path])
   assert code == 0, err
   assert 'step 1, loss = ' in out
-  assert not [line for line in err.splitlines()
-              if re.match(r'E\d{4} ', line) or 'cuInit' in line or 'rror' in line], err
+  # TensorFlow's own I-lines are information (oneDNN's notice speaks of round-off errors).
+  assert not [line for line in err.splitlines() if not re.match(r'I\d{4} ', line) and
+              (re.match(r'E\d{4} ', line) or 'cuInit' in line or 'rror' in line)], err
