@@ -130,6 +130,10 @@ QUIET_LINES = (
     r'^WARNING: All log messages before absl::InitializeLog\(\) is called are written',
     r'^W\d{4} [\d:.]+ +\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with '
     r'status: ABORTED: Cleanup \d+ ',
+    # oneDNN on (TensorFlow's default on CPUs with AVX512_VNNI and newer): its notice
+    # speaks of round-off errors, and its uint8 kernels fall back on older CPUs.
+    r'^I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\.',
+    r'^E\d{4} [\d:.]+ +\d+ util\.cc:\d+\] oneDNN supports DT_UINT8 only on platforms',
 )
 FINAL_LINE = re.compile(
     r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: )')

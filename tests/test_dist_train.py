@@ -629,3 +629,58 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
             in log)
     assert matches(DONE_LINE, log.splitlines())[0].group(3) == str(max_steps)
   assert load(str(tmp_path))['global_step'] == max_steps
+
+
+# ---- The chief keeps multi_gpu_train.py's checkpoint promises (training_run) ---------
+
+def _state_file(train_dir, *paths):
+  with open(os.path.join(train_dir, 'checkpoint'), 'w') as f:
+    f.write('model_checkpoint_path: "%s"\n' % paths[-1])
+    for path in paths:
+      f.write('all_model_checkpoint_paths: "%s"\n' % path)
+
+
+@pytest.mark.slow
+def test_chief_copied_dir_rotation_never_deletes_the_original(module_tasks, tmp_path):
+  run1, run2 = str(tmp_path / 'run1'), str(tmp_path / 'run2')
+  local_cluster(module_tasks, 1, 1, run1, '--synthetic', '--summary_steps=0',
+                '--max_steps=3', '--save_every_n_steps=1')
+  shutil.copytree(run1, run2)
+  # An older state file, written with absolute paths: it names run1's files.
+  _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in (0, 1, 2, 3)])
+  originals = sorted(os.listdir(run1))
+  logs = local_cluster(module_tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
+                       '--max_steps=12', '--save_every_n_steps=1')
+  assert sorted(os.listdir(run1)) == originals  # 12 saves rotated in run2 alone
+  assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == '3'
+  kept = sorted(n for n in os.listdir(run2) if n.endswith('.index'))
+  assert kept == ['model.ckpt-%d.index' % s for s in (10, 11, 12, 8, 9)]
+
+
+@pytest.mark.slow
+def test_chief_without_state_file_resumes_from_newest_checkpoint_not_step_0(module_tasks,
+                                                                            tmp_path):
+  train_dir = str(tmp_path)
+  local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+                '--max_steps=4', '--save_every_n_steps=2')
+  os.remove(os.path.join(train_dir, 'checkpoint'))
+  logs = local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+                       '--max_steps=6', '--save_every_n_steps=2')
+  assert matches(RESUMING_LINE, logs['worker0'])[0].groups() == ('4', '4')
+  assert 'worker 0: training from global step 4' in logs['worker0']
+  assert not [line for line in logs['worker0'] if line.endswith('model.ckpt-0')]
+  assert tf.train.load_checkpoint(train_dir).get_tensor('global_step') == 6
+
+
+@pytest.mark.slow
+def test_chief_failed_checkpoint_write_exits_1_saying_so(tasks, tmp_path):
+  # A file-size limit of 1 MB: the first checkpoint (4 MB of variables) cannot be written.
+  launcher = tasks(['prlimit', '--fsize=1000000', sys.executable, '-u', DIST_TRAIN,
+                    '--local_cluster=1,1', '--train_dir=%s' % tmp_path, '--synthetic',
+                    '--summary_steps=0', '--max_steps=6'] + QUICK_FLAGS)
+  code, log = launcher.finish()
+  assert code == 1, log[-3000:]
+  assert re.search(r'\[worker0\] error: cannot write checkpoint \S+model\.ckpt-0: File too '
+                   r'large', log), log[-3000:]
+  assert not [n for n in os.listdir(str(tmp_path)) if 'tempstate' in n or
+              n.startswith('model.ckpt')]
