@@ -119,6 +119,9 @@ REFUSED_FLAGS = {
             'the machines give, so a distributed run cannot repeat exactly; use '
             'multi_gpu_train.py --seed for runs to compare',
 }
+for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
+  if _flag.name not in REFUSED_FLAGS:
+    flags.declare_key_flag(_flag.name)
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set by --local_cluster for its tasks
 
 # TensorFlow's lines that look like errors in every normal --local_cluster run: a
@@ -646,6 +649,7 @@ def print_start(run, graph, data_dir, batch_size, synthetic, train_dir):
       graph.built['decay_steps'], graph.built['model'].NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
       graph.built['examples_per_update'], graph.built['model'].NUM_EPOCHS_PER_DECAY,
       'synthetic' if synthetic else data_dir))
+  print(multi_gpu_train.schedule_line(graph.built['model'], graph.built['decay_steps']))
   if run.task_index == 0:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % train_dir)

@@ -482,6 +482,14 @@ def print_start(graph, where, num_gpus, batch_size, async_towers, source, seed=N
       graph['decay_steps'], graph['model'].NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
       graph['examples_per_update'], graph['model'].NUM_EPOCHS_PER_DECAY, source,
       '' if seed is None else '; seed %d: this run repeats exactly' % seed))
+  print(schedule_line(graph['model'], graph['decay_steps']))
+
+
+def schedule_line(model, decay_steps):
+  """The learning-rate schedule whole, from the model's constants, for start-up."""
+  return 'learning rate %g, multiplied by %g every %d updates (%s); constants in %s/model.py' % (
+      model.INITIAL_LEARNING_RATE, model.LEARNING_RATE_DECAY_FACTOR, decay_steps,
+      'staircase' if model.STAIRCASE else 'smoothly', model.__name__)
 
 
 @contextlib.contextmanager

@@ -684,3 +684,12 @@ def test_chief_failed_checkpoint_write_exits_1_saying_so(tasks, tmp_path):
                    r'large', log), log[-3000:]
   assert not [n for n in os.listdir(str(tmp_path)) if 'tempstate' in n or
               n.startswith('model.ckpt')]
+
+
+def test_helpshort_lists_multi_gpu_train_flags_it_accepts_not_the_refused():
+  code, out, _ = run_cli('--helpshort')
+  listed = set(re.findall(r'^  --(?:\[no\])?(\w+)', out, re.M))
+  for name in ('dataset', 'data_dir', 'max_steps', 'num_gpus', 'batch_size', 'train_dir',
+               'save_every_n_steps', 'sync_replicas', 'local_cluster'):
+    assert name in listed, (name, out[-2000:])
+  assert not listed & set(dist_train.REFUSED_FLAGS)
