@@ -397,6 +397,7 @@ def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LO
       return
     devices, num_cpu_devices, where = tower_devices(num_gpus)
     record = run_record(flag_values, seed, devices, run.start_step, data)
+    record['data'] = data_read(data.input, data_dir, data_url, data_md5, synthetic)
     print('Run record: %s' % training_run.write_run_record(train_dir, record))
     with tf.Graph().as_default():
       if seed is not None:
@@ -469,6 +470,19 @@ def run_record(flag_values, seed, devices, start_step, data):
       ('tensorflow', tf.__version__),
       ('devices', devices),
   ])
+
+
+def data_read(data_input, data_dir, data_url, data_md5, synthetic):
+  """What the run reads, for its record: the directory and which copy, not only the
+  official URL that the input module's constants name."""
+  if synthetic:
+    return 'synthetic'
+  source = collections.OrderedDict(data_dir=os.path.abspath(data_dir))
+  if data_md5:
+    source['copy'] = 'your own archive, md5 %s (--data_md5)' % data_md5
+  else:
+    source['url'] = data_url or data_input.DATA_URL
+  return source
 
 
 def print_start(graph, where, num_gpus, batch_size, async_towers, source, seed=None):

@@ -162,6 +162,8 @@ def test_run_record_holds_an_edited_constant_in_json_and_tensorboard(sample, tmp
   assert record['constants']['multi_gpu_train.py']['KEEP_CHECKPOINTS'] == 5
   assert record['seed'] == 3 and record['start_step'] == 0
   assert record['tensorflow'] == tf.__version__ and record['devices'] == ['/cpu:0']
+  assert record['data'] == {'data_dir': sample.dir,  # what was read, not the official URL
+                            'copy': 'your own archive, md5 %s (--data_md5)' % sample.md5}
 
   events = event_accumulator.EventAccumulator(
       glob.glob(str(tmp_path / 'events.out.tfevents.*'))[0], size_guidance={'tensors': 0})
