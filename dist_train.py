@@ -83,9 +83,10 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 SECURITY_WARNING = (
     'WARNING: TensorFlow servers have no authentication and no encryption, and every '
     'task listens on all network interfaces of its machine on its port, whatever host '
-    'the cluster spec names: anyone who can reach that port can run any graph there, '
+    'the cluster spec names: anyone who can reach %s can run any graph there, '
     'reading and writing files as this user. Firewall the ports of --ps_hosts and '
-    '--worker_hosts.')
+    '--worker_hosts. TensorFlow\'s own advice on running graphs over gRPC: '
+    'https://github.com/tensorflow/tensorflow/blob/master/SECURITY.md')
 
 FLAGS = flags.FLAGS
 # From multi_gpu_train, meaning the same per worker: --dataset, --num_gpus, --batch_size,
@@ -974,8 +975,6 @@ def main(argv):
                % FLAGS.replicas_to_aggregate)
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster())
-  if DIE_WITH_LAUNCHER_ENV not in os.environ:  # --local_cluster has said what applies
-    print(SECURITY_WARNING, flush=True)
   if FLAGS.job_name is None:
     sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
              '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
@@ -991,6 +990,10 @@ def main(argv):
     sys.exit('error: --task_index=%d is not a %s task: --%s_hosts lists %d (0..%d)'
              % (FLAGS.task_index, FLAGS.job_name, FLAGS.job_name, len(hosts),
                 len(hosts) - 1))
+  if DIE_WITH_LAUNCHER_ENV not in os.environ:  # --local_cluster has said what applies
+    print(SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
+        hosts[FLAGS.task_index].rpartition(':')[2], FLAGS.job_name, FLAGS.task_index)),
+          flush=True)
   cluster = tf.compat.v1.train.ClusterSpec({'ps': ps_hosts, 'worker': worker_hosts})
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
@@ -1047,7 +1050,7 @@ def main_local_cluster():
   if why_not:
     print('%s\nlocal cluster: the tasks cannot have a private network here (%s): their '
           'ports are open on every interface of this machine while they run.'
-          % (SECURITY_WARNING, why_not), flush=True)
+          % (SECURITY_WARNING % 'the ports listed below', why_not), flush=True)
   else:
     print('local cluster: the tasks run in a private network namespace whose only '
           'interface is loopback: nothing outside it, on this machine or another, can '

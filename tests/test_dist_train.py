@@ -693,3 +693,15 @@ def test_helpshort_lists_multi_gpu_train_flags_it_accepts_not_the_refused():
                'save_every_n_steps', 'sync_replicas', 'local_cluster'):
     assert name in listed, (name, out[-2000:])
   assert not listed & set(dist_train.REFUSED_FLAGS)
+
+
+def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice(tmp_path):
+  ps_port, worker_port = dist_train.free_ports(2)
+  code, out, err = run_cli('--job_name=worker', '--task_index=0', '--synthetic',
+                           '--ps_hosts=127.0.0.1:%d' % ps_port,
+                           '--worker_hosts=127.0.0.1:%d' % worker_port,
+                           '--startup_timeout_secs=1', '--train_dir=%s' % tmp_path)
+  assert code == 1 and 'waited 1 s for the ps task(s)' in err, err
+  assert ('anyone who can reach port %d of this machine (this task, worker 0)' % worker_port
+          in out), out
+  assert 'tensorflow/blob/master/SECURITY.md' in out
