@@ -548,7 +548,8 @@ def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
   num_towers = len(graph['tower_losses'])
   all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
                               for v in tf.compat.v1.trainable_variables()])
-  writer = tf.compat.v1.summary.FileWriter(
+  # A failed event-file write is said once; training goes on (training_run.SummaryWriter).
+  writer = training_run.SummaryWriter(
       run.train_dir, sess.graph if not run.checkpoint else None) if summary_steps else None
   save = functools.partial(_save, sess, saver, all_finite, run.train_dir,
                            graph['model'].__name__)
