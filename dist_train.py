@@ -345,7 +345,9 @@ class ClaimedUpdates:
     # The claim waits for the gradients: taken earlier, the global step would
     # count an update still being computed.
     with tf.control_dependencies([g for g, _ in grads_and_vars]), \
-        tf.compat.v1.colocate_with(global_step):
+        quiet_deprecations(), tf.compat.v1.colocate_with(global_step):
+      # count_up_to's notice ('use Dataset.range') does not apply: this counter is a
+      # variable on the ps that every worker shares, which no Dataset can be.
       claim = tf.compat.v1.count_up_to(global_step, self._max_steps)
     with tf.control_dependencies([claim]):
       return self._opt.apply_gradients(grads_and_vars, name=name)  # counted by the claim

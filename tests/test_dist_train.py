@@ -575,13 +575,14 @@ ERROR_LOOKING = re.compile(r'^[EWF]\d{4} |error|cancel|abort|fail|exception|trac
 
 
 @pytest.mark.slow
-def test_local_cluster_sync_normal_finish_prints_no_error_looking_line(tasks, tmp_path):
+@pytest.mark.parametrize('mode', [['--sync_replicas'], []], ids=['sync', 'async'])
+def test_local_cluster_normal_finish_prints_no_error_looking_line(tasks, tmp_path, mode):
   # As a user runs it: TensorFlow's default log level, no CUDA_VISIBLE_DEVICES.
   env = {k: v for k, v in os.environ.items()
          if k not in ('TF_CPP_MIN_LOG_LEVEL', 'CUDA_VISIBLE_DEVICES')}
   launcher = tasks([sys.executable, '-u', DIST_TRAIN, '--local_cluster=1,2', '--synthetic',
-                    '--sync_replicas', '--train_dir=%s' % tmp_path, '--max_steps=20',
-                    '--log_frequency=10', '--batch_size=8'], env=env)
+                    '--train_dir=%s' % tmp_path, '--max_steps=20',
+                    '--log_frequency=10', '--batch_size=8'] + mode, env=env)
   code, log = launcher.finish()
   assert code == 0, log[-3000:]
   launcher_notices = re.compile('|'.join(dist_train.QUIET_LINES + dist_train.NO_GPU_LINES))
@@ -589,9 +590,9 @@ def test_local_cluster_sync_normal_finish_prints_no_error_looking_line(tasks, tm
       line.partition('] ')[2] if TASK_PREFIX.match(line) else line)
       and not (not TASK_PREFIX.match(line) and launcher_notices.search(line))]
   assert alarming == []
-  # Loss lines name the global step after the update, as multi_gpu_train.py's: the
-  # first step, then every --log_frequency.
-  for worker in ('worker0', 'worker1'):
+  # Sync: loss lines name the global step after the update, as multi_gpu_train.py's:
+  # the first step, then every --log_frequency.
+  for worker in ('worker0', 'worker1') if mode else ():
     lines = [line.partition('] ')[2] for line in log.splitlines()
              if line.startswith('[%s] ' % worker)]
     [first] = [int(line.rsplit(' ', 1)[1]) for line in lines
