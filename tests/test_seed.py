@@ -101,7 +101,8 @@ def test_two_towers_of_32_agree_with_one_tower_of_64(sample, tmp_path):
   assert sorted(two) == sorted(one) == list(range(STEPS_TO_COMPARE + 1))
   np.testing.assert_allclose([two[s] for s in sorted(two)], [one[s] for s in sorted(one)],
                              rtol=0, atol=LOSS_ATOL)
-  assert one[STEPS_TO_COMPARE] < one[0] - 0.5  # it learned: not two frozen models
+  # It learned: not two frozen models (the harder sample: 4.67 -> 4.28 in 10 steps).
+  assert one[STEPS_TO_COMPARE] < one[0] - 0.25
   two, one = _variables(tmp_path / 'two'), _variables(tmp_path / 'one')
   for name in one:
     np.testing.assert_allclose(two[name], one[name], rtol=0, atol=VARIABLE_ATOL,
