@@ -22,7 +22,7 @@ from absl import flags
 import cifar10
 import cifar10_input
 import evaluation
-import training_run
+import placement
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 300              # seconds between evaluations beside a training job
@@ -43,5 +43,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

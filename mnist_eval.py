@@ -22,7 +22,7 @@ from absl import flags
 import evaluation
 import mnist
 import mnist_input
-import training_run
+import placement
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 10               # the book's: seconds between evaluations
@@ -44,5 +44,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

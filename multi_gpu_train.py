@@ -24,11 +24,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; 
 import collections
 import contextlib
 import datetime
-import functools
-import re
 import sys
 import threading
 import time
+import typing
 
 from absl import app
 from absl import flags
@@ -39,6 +38,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
+import placement
 import training_run
 
 # ---- Training knobs: edit, save, rerun ----------------------------------------
@@ -59,7 +59,7 @@ MNIST_DATA_DIR = '/tmp/mnist_data'  # train.tfrecords and test.tfrecords
 
 # ---- The data sets: a model package and an input module each --------------------
 # The model package gives inference(images), loss(logits, labels) and the
-# constants build_train_graph reads; the input module gives prepare,
+# constants build() reads; the input module gives prepare,
 # train_dataset, seeded_dataset, synthetic_dataset and eval_dataset. A third
 # data set is one more package and one more line here.
 DataSet = collections.namedtuple('DataSet', ['model', 'input', 'defaults'])
@@ -160,165 +160,162 @@ def average_gradients(tower_grads):
   return average_grads
 
 
-def tower_devices(num_gpus):
-  """Device of each tower: /gpu:i when TensorFlow sees enough GPUs, else /cpu:i.
-
-  Returns:
-    (list of device strings, number of CPU devices the session must create,
-     a line for start-up saying where the towers run).
-  """
-  gpus = training_run.list_gpus()  # honours CUDA_VISIBLE_DEVICES
-  if len(gpus) >= num_gpus:
-    return (['/gpu:%d' % i for i in range(num_gpus)], 1,
-            'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
-  where = ('the tower runs on /cpu:0' if num_gpus == 1 else
-           'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
-           % (num_gpus, num_gpus - 1))
-  return (['/cpu:%d' % i for i in range(num_gpus)], num_gpus,
-          'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: %s'
-          % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus, where))
+Towers = collections.namedtuple('Towers', [
+    'losses',  # list over towers of float32 scalars: each tower's total loss
+    'grads',   # list over towers of [(gradient, variable), ...], average_gradients' input
+])
 
 
-def _place(device, variables_device):
-  """Device function: variables on `variables_device`, every other op on `device`.
-
-  variables_device '' leaves variables to an enclosing device function, such as
-  replica_device_setter putting them on parameter servers. A device set by an
-  inner scope wins (the input's /cpu:0, SyncReplicasOptimizer's queues).
-  """
-  def place(op):
-    node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
-    if node_def.op in ('VarHandleOp', 'VariableV2'):
-      return variables_device
-    return node_def.device or device
-  return place
-
-
-def session_config(num_cpu_devices=1, log_device_placement=False, allow_growth=False,
-                   gpu_memory_fraction=0.0, intra_op_threads=0, inter_op_threads=0):
-  """ConfigProto with soft placement, the virtual CPU devices and the GPU options."""
-  config = tf.compat.v1.ConfigProto(
-      allow_soft_placement=True,  # ops with no GPU kernel fall back to the CPU
-      log_device_placement=log_device_placement,
-      device_count={'CPU': num_cpu_devices},
-      intra_op_parallelism_threads=intra_op_threads,
-      inter_op_parallelism_threads=inter_op_threads)
-  config.gpu_options.allow_growth = allow_growth
-  if gpu_memory_fraction:
-    config.gpu_options.per_process_gpu_memory_fraction = gpu_memory_fraction
-  return config
-
-
-def build_train_graph(next_batch, devices, batch_size, async_towers=False,
-                      summaries=True, variables_device='/cpu:0', wrap_optimizer=None,
-                      model=cifar10):
-  """Builds the towers, the gradient average, the update and the moving averages.
-
-  This is train()'s graph, in its own function so that tests and the benchmark
-  build exactly what training runs.
+def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device='/cpu:0'):
+  """One replica of the model per device, all sharing one set of variables.
 
   Args:
-    next_batch: callable returning (images float32 [batch_size, 24, 24, 3],
-      labels int32 [batch_size]); called once per tower, on the CPU, so each
-      tower dequeues its own batch from the one input pipeline.
-    devices: list of device strings, one tower each.
-    batch_size: int, images per tower.
-    async_towers: bool; False: average the towers' gradients and apply them once
-      per step. True: each tower applies its own gradients (one train op each).
-    summaries: bool, build the TensorBoard summary op.
+    next_batch: callable returning (images, labels) for one tower; called once per
+      tower, on the CPU, so each tower takes its own batch from the one input.
+    devices: list of device strings, one tower each ('/gpu:0', '/cpu:1', ...).
+    optimizer: its compute_gradients() gives each tower's gradients.
+    model: the model package: inference, loss and its constants.
     variables_device: where the shared variables live; '' leaves them to an
       enclosing device function (a parameter-server replica_device_setter).
-    wrap_optimizer: optional callable taking and returning the optimizer
-      (for instance in a SyncReplicasOptimizer).
-    model: the model package (DATASETS[...].model): its inference, loss and constants.
 
   Returns:
-    dict with train_ops (one op, or one per tower when async), apply_ops (the
-    same updates without the moving averages, for the benchmark), tower_losses
-    (float32 scalars), loss (their mean; async: tower 0's), global_step, lr,
-    examples_per_update, decay_steps, summary_op (None without summaries), ema,
-    optimizer and model.
+    Towers: each tower's loss and gradients, in device order.
   """
-  num_towers = len(devices)
-  examples_per_update = batch_size if async_towers else batch_size * num_towers
-  on_cpu = _place('/cpu:0', variables_device)
-  with tf.compat.v1.device(on_cpu):
-    global_step = tf.compat.v1.train.get_or_create_global_step()
-    # One decay per NUM_EPOCHS_PER_DECAY epochs of updates, counted in global batches.
-    decay_steps = int(model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN / examples_per_update *
-                      model.NUM_EPOCHS_PER_DECAY)
-    lr = tf.compat.v1.train.exponential_decay(model.INITIAL_LEARNING_RATE, global_step,
-                                              decay_steps,
-                                              model.LEARNING_RATE_DECAY_FACTOR,
-                                              staircase=model.STAIRCASE)
-    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
-    if wrap_optimizer:
-      opt = wrap_optimizer(opt)
-
   tower_grads, tower_losses = [], []
   # A re-entered copy of the current scope, so that reuse ends with the loop.
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
     for i, device in enumerate(devices):
-      with tf.compat.v1.device(_place(device, variables_device)), \
+      with tf.compat.v1.device(placement.place(device, variables_device)), \
           tf.name_scope('%s_%d' % (model.TOWER_NAME, i)) as scope:
         with tf.device('/cpu:0'):
           images, labels = next_batch()
         loss = tower_loss(scope, images, labels, model)
         tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
-        tower_grads.append(opt.compute_gradients(loss))
+        tower_grads.append(optimizer.compute_gradients(loss))
         tower_losses.append(loss)
-
-  with tf.compat.v1.device(on_cpu):
-    variables = tf.compat.v1.trainable_variables()
-    ema = tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY,
-                                                      num_updates=global_step)
-    if async_towers:
-      updates = tower_grads
-    else:
-      updates = [average_gradients(tower_grads)]
-    train_ops, apply_ops = [], []
-    for grads in updates:
-      apply_ops.append(opt.apply_gradients(grads, global_step=global_step))
-      # The averages read the variables only after this update has landed.
-      with tf.control_dependencies([apply_ops[-1]]):
-        ema_op = ema.apply(variables)
-      train_ops.append(tf.group(apply_ops[-1], ema_op))
-    # Async: tower 0's loss, which its own train op computes; the mean would run
-    # every tower's forward pass in tower 0's step.
-    loss = tower_losses[0] if async_towers else tf.reduce_mean(tf.stack(tower_losses),
-                                                                name='total_loss')
-
-  summary_op = None
-  if summaries:
-    # Async: only tower 0's tensors, the ones its own train op computes.
-    watched = range(num_towers) if not async_towers else [0]
-    summary_op = _summaries(watched, tower_losses, updates[0], lr, model)
-  return dict(train_ops=train_ops, apply_ops=apply_ops, tower_losses=tower_losses,
-              loss=loss,
-              global_step=global_step, lr=lr, examples_per_update=examples_per_update,
-              decay_steps=decay_steps, summary_op=summary_op, ema=ema, optimizer=opt,
-              model=model)
+  return Towers(tower_losses, tower_grads)
 
 
-def _summaries(towers, tower_losses, grads, lr, model):
+def learning_rate(global_step, examples_per_update, examples_per_epoch, model=cifar10):
+  """The tutorial's schedule: the rate drops by LEARNING_RATE_DECAY_FACTOR once per
+  NUM_EPOCHS_PER_DECAY epochs, counted in updates of examples_per_update images.
+
+  Returns:
+    (float32 scalar learning rate, int decay_steps: updates between two drops).
+  """
+  decay_steps = int(examples_per_epoch / examples_per_update * model.NUM_EPOCHS_PER_DECAY)
+  lr = tf.compat.v1.train.exponential_decay(model.INITIAL_LEARNING_RATE, global_step,
+                                            decay_steps, model.LEARNING_RATE_DECAY_FACTOR,
+                                            staircase=model.STAIRCASE)
+  return lr, decay_steps
+
+
+def moving_averages(global_step, model=cifar10):
+  """The shadow copies evaluation reads: one per trainable variable, in every checkpoint."""
+  return tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY,
+                                                     num_updates=global_step)
+
+
+def then_average(update_op, ema):
+  """update_op, then the moving averages of the variables it has just changed."""
+  with tf.control_dependencies([update_op]):  # the averages read the updated values
+    ema_op = ema.apply(tf.compat.v1.trainable_variables())
+  return tf.group(update_op, ema_op)
+
+
+TrainGraph = collections.namedtuple('TrainGraph', [
+    'train_op',             # one step: the averaged update, then the moving averages
+    'update_op',            # the averaged update alone (the benchmark times it apart)
+    'loss',                 # float32 scalar: the mean of the towers' total losses
+    'global_step',          # int64 variable: updates applied
+    'decay_steps',          # int: updates between two drops of the learning rate
+    'examples_per_update',  # int: batch_size x towers
+    'summary_op',           # the merged summaries, or None
+])
+
+
+def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
+          summaries=True):
+  """train()'s graph, in the tutorial's order: rate, towers, average, apply, averages.
+
+  Args:
+    next_batch, devices, model: as build_towers'.
+    batch_size: int, images per tower.
+    examples_per_epoch: int, training records in one epoch (for the schedule).
+    summaries: bool, build the TensorBoard summary op.
+
+  Returns:
+    a TrainGraph.
+  """
+  examples_per_update = batch_size * len(devices)
+  with tf.device('/cpu:0'):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    lr, decay_steps = learning_rate(global_step, examples_per_update, examples_per_epoch,
+                                    model)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+  towers = build_towers(next_batch, devices, opt, model)
+  with tf.device('/cpu:0'):
+    grads = average_gradients(towers.grads)
+    update_op = opt.apply_gradients(grads, global_step=global_step)
+    train_op = then_average(update_op, moving_averages(global_step, model))
+    loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
+  summary_op = (build_summaries(range(len(devices)), towers.losses, grads, lr, model)
+                if summaries else None)
+  return TrainGraph(train_op, update_op, loss, global_step, decay_steps,
+                    examples_per_update, summary_op)
+
+
+AsyncTrainGraph = collections.namedtuple('AsyncTrainGraph', [
+    'train_ops',            # one per tower: its own update, then the moving averages
+    'loss',                 # float32 scalar: tower 0's, which its own train op computes
+    'global_step', 'decay_steps', 'examples_per_update', 'summary_op',  # as TrainGraph's
+])
+
+
+def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
+                summaries=True):
+  """--async_towers: each tower applies its own gradients as soon as they are ready.
+
+  Arguments as build()'s. Returns an AsyncTrainGraph; its summaries watch tower 0
+  alone, the one whose train op computes them.
+  """
+  with tf.device('/cpu:0'):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    lr, decay_steps = learning_rate(global_step, batch_size, examples_per_epoch, model)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+  towers = build_towers(next_batch, devices, opt, model)
+  with tf.device('/cpu:0'):
+    ema = moving_averages(global_step, model)
+    train_ops = [then_average(opt.apply_gradients(grads, global_step=global_step), ema)
+                 for grads in towers.grads]
+  summary_op = (build_summaries([0], towers.losses, towers.grads[0], lr, model)
+                if summaries else None)
+  return AsyncTrainGraph(train_ops, towers.losses[0], global_step, decay_steps,
+                         batch_size, summary_op)
+
+
+def build_summaries(watched, tower_losses, grads, lr, model=cifar10):
   """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay.
+
+  Args:
+    watched: indices of the towers whose losses and activations are summarised.
+    tower_losses: every tower's total loss; grads: [(gradient, variable), ...].
 
   The raw summary ops take the tag as given; tf.summary.* would derive it from
   the graph's name scopes and uniquify it ('total_loss_1').
   """
-  graph = tf.compat.v1.get_default_graph()
   scalars, histograms = {}, {}
   total, cross_entropy = [], []
-  for i in towers:
+  for i in watched:
     prefix = '%s_%d/' % (model.TOWER_NAME, i)
     total.append(tower_losses[i])
-    cross_entropy.append(graph.get_tensor_by_name(prefix + 'cross_entropy:0'))
+    cross_entropy.extend(tf.compat.v1.get_collection(model.CROSS_ENTROPY, prefix))
     scalars[prefix + 'total_loss'] = total[-1]
     scalars[prefix + 'cross_entropy'] = cross_entropy[-1]
   scalars['total_loss'] = tf.reduce_mean(total)
   scalars['cross_entropy'] = tf.reduce_mean(cross_entropy)
   scalars['learning_rate'] = lr
-  first = '%s_%d/' % (model.TOWER_NAME, towers[0])
+  first = '%s_%d/' % (model.TOWER_NAME, watched[0])
   for x in tf.compat.v1.get_collection(model.ACTIVATIONS, first):
     layer = x.op.name[len(first):].split('/')[0]  # tower_0/conv1/conv1 -> conv1
     histograms[layer + '/activations'] = x
@@ -333,17 +330,70 @@ def _summaries(towers, tower_losses, grads, lr, model):
          for tag, value in histograms.items()])
 
 
+class Settings(typing.NamedTuple):
+  """One run's settings: the flags, or a test's arguments (settings_from_flags)."""
+  train_dir: str
+  data_dir: str
+  num_gpus: int = NUM_GPUS
+  batch_size: int = BATCH_SIZE                  # images per tower
+  max_steps: int = MAX_STEPS                    # the global step to stop at
+  dataset: str = 'cifar10'                      # a key of DATASETS
+  log_frequency: int = LOG_FREQUENCY
+  summary_steps: int = SUMMARY_STEPS            # 0: no summaries
+  save_every_n_steps: int = SAVE_EVERY_N_STEPS
+  synthetic: bool = False
+  data_url: str = None
+  data_md5: str = None
+  seed: int = None                              # int >= 0: the run repeats exactly
+  fresh: bool = False
+  async_towers: bool = False
+  session: placement.SessionOptions = placement.SessionOptions()
+
+
+def train(settings, stop=None, flag_values=None):
+  """Trains until global step settings.max_steps, resuming from the latest checkpoint.
+
+  Args:
+    settings: a Settings.
+    stop: a training_run.StopSignals, or None (tests): when it is requested the
+      loop ends after the current step, saves, and training_run.Stopped is raised.
+    flag_values: dict, the command line's flags, for the run record.
+  """
+  data = DATASETS[settings.dataset]
+  with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
+    run = start(exit_stack, settings, data.input)
+    if run is None:
+      return
+    devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
+    record = run_record(flag_values, settings, devices, run.start_step, data)
+    print('Run record: %s' % training_run.write_run_record(settings.train_dir, record))
+    with tf.Graph().as_default():
+      if settings.seed is not None:
+        tf.compat.v1.set_random_seed(settings.seed)  # the initial weights
+        if any(d.startswith('/gpu') for d in devices):  # CPU kernels repeat as they are
+          exit_stack.enter_context(placement.op_determinism())
+      next_batch, input_init = input_pipeline(
+          settings.data_dir, settings.num_gpus, settings.batch_size, settings.synthetic,
+          settings.seed, run.start_step, data.input)
+      build_graph = build_async if settings.async_towers else build
+      graph = build_graph(next_batch, devices, settings.batch_size,
+                          data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
+                          summaries=settings.summary_steps > 0)
+      print_start(graph, where, settings, data.model)
+      config = placement.session_config(num_cpu_devices, settings.session)
+      with open_session(run, config, input_init) as (sess, saver):
+        run_loop = loop_async if settings.async_towers else loop
+        run_loop(sess, saver, graph, run, settings, stop or NEVER, record)
+
+
 TrainRun = collections.namedtuple('TrainRun', [
     'train_dir',   # str
-    'lock',        # the open lock file: held until the process ends
     'checkpoint',  # str, the checkpoint to restore, or None to start from step 0
     'start_step',  # int, its global step
-    'kept',        # the checkpoints the Saver rotates, oldest first
 ])
 
 
-def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=None,
-          data_md5=None, fresh=False, data_input=cifar10_input):
+def start(exit_stack, settings, data_input=cifar10_input):
   """Checks, lock and resume point: everything that can stop a run before it starts.
 
   Nothing is created or moved until every check has passed: a run that cannot
@@ -354,66 +404,28 @@ def start(exit_stack, train_dir, data_dir, max_steps, synthetic=False, data_url=
   Returns:
     a TrainRun, or None when train_dir's checkpoint is already at max_steps.
   """
+  train_dir = settings.train_dir
   training_run.check_train_dir(train_dir)
-  lock = None
+  locked = False
   if os.path.isdir(train_dir):  # before reading its checkpoints
-    lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
-  checkpoint, start_step, kept, notes = (
-      (None, 0, [], []) if fresh else training_run.checkpoint_to_resume(train_dir))
+    exit_stack.enter_context(training_run.lock_train_dir(train_dir))
+    locked = True
+  checkpoint, start_step, _, notes = (
+      (None, 0, [], []) if settings.fresh else training_run.checkpoint_to_resume(train_dir))
   for note in notes:
     print(note)
-  if start_step >= max_steps:
+  if start_step >= settings.max_steps:
     print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
-          'to train further.' % (checkpoint, start_step, max_steps))
+          'to train further.' % (checkpoint, start_step, settings.max_steps))
     return None
-  if not synthetic:
-    data_input.prepare(data_dir, data_url, data_md5)
-  if lock is None:
+  if not settings.synthetic:
+    data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
+  if not locked:
     training_run.make_train_dir(train_dir)
-    lock = exit_stack.enter_context(training_run.lock_train_dir(train_dir))
-  if fresh:  # last of the checks: nothing moves unless the run can start
+    exit_stack.enter_context(training_run.lock_train_dir(train_dir))
+  if settings.fresh:  # last of the checks: nothing moves unless the run can start
     training_run.set_aside(train_dir)
-  return TrainRun(train_dir, lock, checkpoint, start_step, kept)
-
-
-def train(train_dir, data_dir, num_gpus, batch_size, max_steps, log_frequency=LOG_FREQUENCY,
-          summary_steps=SUMMARY_STEPS, save_every_n_steps=SAVE_EVERY_N_STEPS,
-          async_towers=False, synthetic=False, data_url=None, data_md5=None, fresh=False,
-          config_options=None, seed=None, stop=None, flag_values=None, dataset='cifar10'):
-  """Trains until global step max_steps, resuming from train_dir's latest checkpoint.
-
-  Args:
-    dataset: a key of DATASETS: the model and the input.
-    seed: int >= 0 for a run that repeats exactly (see input_pipeline), or None.
-    stop: a training_run.StopSignals, or None (tests): when it is requested the
-      loop ends after the current step, saves, and training_run.Stopped is raised.
-    flag_values: dict, the command line's flags, for the run record.
-  """
-  data = DATASETS[dataset]
-  with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
-    run = start(exit_stack, train_dir, data_dir, max_steps, synthetic, data_url, data_md5,
-                fresh, data.input)
-    if run is None:
-      return
-    devices, num_cpu_devices, where = tower_devices(num_gpus)
-    record = run_record(flag_values, seed, devices, run.start_step, data)
-    record['data'] = data_read(data.input, data_dir, data_url, data_md5, synthetic)
-    print('Run record: %s' % training_run.write_run_record(train_dir, record))
-    with tf.Graph().as_default():
-      if seed is not None:
-        tf.compat.v1.set_random_seed(seed)  # the initial weights
-        if any(device.startswith('/gpu') for device in devices):  # CPU kernels repeat as they are
-          exit_stack.enter_context(training_run.op_determinism())
-      next_batch, input_init = input_pipeline(data_dir, num_gpus, batch_size, synthetic,
-                                              seed, run.start_step, data.input)
-      graph = build_train_graph(next_batch, devices, batch_size, async_towers,
-                                summaries=summary_steps > 0, model=data.model)
-      print_start(graph, where, num_gpus, batch_size, async_towers,
-                  'synthetic' if synthetic else data_dir, seed)
-      config = session_config(num_cpu_devices, **(config_options or {}))
-      with open_session(run, config, input_init) as (sess, saver):
-        loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
-             save_every_n_steps, stop or NEVER, record)
+  return TrainRun(train_dir, checkpoint, start_step)
 
 
 def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
@@ -451,52 +463,57 @@ def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
     return iterator.get_next, iterator.initializer
 
 
-def run_record(flag_values, seed, devices, start_step, data):
+def run_record(flag_values, settings, devices, start_step, data, extra_constants=None):
   """What this run used: flags, every constant of the trainer, model and reader.
 
   Constants are read when the run starts, so a constant edited between two runs
-  shows in their records.
+  shows in their records. extra_constants: {file name: constants} of the calling
+  program, when it is not this one (dist_train.py).
   """
+  constants = {'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__])}
+  constants.update(extra_constants or {})
+  constants['%s/model.py' % data.model.__name__] = training_run.constants_of(data.model)
+  constants['%s.py' % data.input.__name__] = training_run.constants_of(data.input)
   return collections.OrderedDict([
       ('command', ' '.join(sys.argv)),
       ('started', datetime.datetime.now().isoformat(timespec='seconds')),
       ('start_step', start_step),
-      ('seed', seed),
+      ('seed', settings.seed),
       ('flags', flag_values or {}),
-      ('constants', {
-          'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__]),
-          '%s/model.py' % data.model.__name__: training_run.constants_of(data.model),
-          '%s.py' % data.input.__name__: training_run.constants_of(data.input)}),
+      ('constants', constants),
       ('tensorflow', tf.__version__),
       ('devices', devices),
+      ('data', data_read(data.input, settings)),
   ])
 
 
-def data_read(data_input, data_dir, data_url, data_md5, synthetic):
+def data_read(data_input, settings):
   """What the run reads, for its record: the directory and which copy, not only the
   official URL that the input module's constants name."""
-  if synthetic:
+  if settings.synthetic:
     return 'synthetic'
-  source = collections.OrderedDict(data_dir=os.path.abspath(data_dir))
-  if data_md5:
-    source['copy'] = 'your own archive, md5 %s (--data_md5)' % data_md5
+  source = collections.OrderedDict(data_dir=os.path.abspath(settings.data_dir))
+  if settings.data_md5:
+    source['copy'] = 'your own archive, md5 %s (--data_md5)' % settings.data_md5
   else:
-    source['url'] = data_url or data_input.DATA_URL
+    source['url'] = settings.data_url or data_input.DATA_URL
   return source
 
 
-def print_start(graph, where, num_gpus, batch_size, async_towers, source, seed=None):
+def print_start(graph, where, settings, model):
   """The start-up lines: devices, global batch, parameters, learning-rate schedule."""
   num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
+  batch_size, num_gpus = settings.batch_size, settings.num_gpus
   print('TensorFlow %s; %s' % (tf.__version__, where))
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       batch_size * num_gpus, batch_size, num_gpus,
-      ' (async: each update applies %d)' % batch_size if async_towers else '', num_params))
+      ' (async: each update applies %d)' % batch_size if settings.async_towers else '',
+      num_params))
   print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s%s' % (
-      graph['decay_steps'], graph['model'].NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
-      graph['examples_per_update'], graph['model'].NUM_EPOCHS_PER_DECAY, source,
-      '' if seed is None else '; seed %d: this run repeats exactly' % seed))
-  print(schedule_line(graph['model'], graph['decay_steps']))
+      graph.decay_steps, model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, graph.examples_per_update,
+      model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir,
+      '' if settings.seed is None else '; seed %d: this run repeats exactly' % settings.seed))
+  print(schedule_line(model, graph.decay_steps))
 
 
 def schedule_line(model, decay_steps):
@@ -512,7 +529,7 @@ def open_session(run, config, input_init):
   and the input pipeline started (input_init).
 
   Yields:
-    (session, Saver that continues the rotation of run.kept).
+    (session, Saver that writes checkpoints and deletes none: save_checkpoint rotates).
   """
   saver = training_run.make_saver(tf.compat.v1.global_variables())
   init = tf.compat.v1.global_variables_initializer()
@@ -540,76 +557,121 @@ class _Never:
 NEVER = _Never()  # the stop signal of a run nobody can interrupt (tests)
 
 
-def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
-         save_every_n_steps, stop, record):
+def loop(sess, saver, graph, run, settings, stop, record):
   """The step loop: run, check, log, summarise, save; then the last save."""
-  train_ops, loss, global_step = graph['train_ops'], graph['loss'], graph['global_step']
-  async_towers = len(train_ops) > 1
-  num_towers = len(graph['tower_losses'])
-  all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
-                              for v in tf.compat.v1.trainable_variables()])
-  # A failed event-file write is said once; training goes on (training_run.SummaryWriter).
-  writer = training_run.SummaryWriter(
-      run.train_dir, sess.graph if not run.checkpoint else None) if summary_steps else None
-  save = functools.partial(_save, sess, saver, all_finite, run.train_dir,
-                           graph['model'].__name__)
-  if writer:  # runs compared side by side in TensorBoard say what differed
-    writer.add_summary(training_run.text_summary('run_record', record), run.start_step)
+  model_name = DATASETS[settings.dataset].model.__name__
+  num_towers = settings.num_gpus
+  writer = open_writer(sess, run, settings.summary_steps, record)
+  save = saver_with_check(sess, saver, run.train_dir, model_name)
+  step = last_saved = last_summary = run.start_step
+  while not stop.requested and step < settings.max_steps:
+    # Summaries describe the variables at `step`, before this update.
+    summarize = writer and step % settings.summary_steps == 0
+    fetches = [graph.train_op, graph.loss] + ([graph.summary_op] if summarize else [])
+    start_time = time.time()
+    results = sess.run(fetches)
+    duration = time.time() - start_time
+    step += 1
 
-  # Async: towers 1.. run in threads; the loop below runs tower 0 and logs.
-  # Every applied update takes one from this budget, so async towers together
-  # stop exactly at max_steps.
-  take_update = _update_budget(max_steps - run.start_step)
+    loss_value = results[1]
+    check_loss(loss_value, step, model_name, last_saved)
+    examples_per_sec = graph.examples_per_update / duration
+    if step % settings.log_frequency == 0 or step == run.start_step + 1:
+      print_loss_line(step, loss_value, examples_per_sec, duration / num_towers)
+    if summarize:
+      write_summary(writer, results[2], step - 1, examples_per_sec)
+      last_summary = step - 1
+    if step % settings.save_every_n_steps == 0:
+      last_saved = save(step, last_saved)
+  finish(sess, graph, run, writer, save, last_saved, last_summary, stop)
+
+
+def loop_async(sess, saver, graph, run, settings, stop, record):
+  """--async_towers: towers 1.. run in threads; the loop below runs tower 0 and logs.
+
+  Every applied update takes one from a shared budget, so the towers together
+  stop exactly at max_steps.
+  """
+  model_name = DATASETS[settings.dataset].model.__name__
+  writer = open_writer(sess, run, settings.summary_steps, record)
+  save = saver_with_check(sess, saver, run.train_dir, model_name)
+  take_update = _update_budget(settings.max_steps - run.start_step)
   halt, failures, threads = threading.Event(), [], []
-  updates_by_tower = [0] * len(train_ops)
-  for i, op in enumerate(train_ops[1:], 1):
-    threads.append(threading.Thread(target=_run_tower, daemon=True,
-                                    args=(sess, op, take_update, halt, failures,
-                                          updates_by_tower, i)))
+  updates_by_tower = [0] * len(graph.train_ops)
+  for i, op in enumerate(graph.train_ops[1:], 1):
+    threads.append(threading.Thread(target=_run_tower, daemon=True, args=(
+        sess, op, take_update, halt, failures, updates_by_tower, i)))
     threads[-1].start()
 
   step = last_saved = last_summary = run.start_step
   try:
     while not stop.requested and take_update():
-      # Summaries describe the variables at `step`, before this update.
-      summarize = summary_steps and step % summary_steps == 0
-      fetches = [train_ops[0], loss] + ([graph['summary_op']] if summarize else [])
+      summarize = writer and step % settings.summary_steps == 0
+      fetches = [graph.train_ops[0], graph.loss] + ([graph.summary_op] if summarize else [])
       start_time = time.time()
       results = sess.run(fetches)
       duration = time.time() - start_time
       updates_by_tower[0] += 1
-      previous, step = step, (sess.run(global_step) if async_towers else step + 1)
+      previous, step = step, sess.run(graph.global_step)  # the other towers' updates too
 
-      loss_value = results[1]
-      if not np.isfinite(loss_value):
-        raise TrainingError(
-            'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
-            '(%s/model.py) or --batch_size; %s' % (
-                loss_value, step, graph['model'].__name__, _last_checkpoint_note(last_saved)))
+      check_loss(results[1], step, model_name, last_saved)
       if failures:
         raise failures[0]
-
-      examples_per_sec = (step - previous) * graph['examples_per_update'] / duration
-      if step // log_frequency != previous // log_frequency or previous == run.start_step:
-        sec_per_batch = duration / ((step - previous) if async_towers else num_towers)
-        print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
-            datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
-        sys.stdout.flush()
+      examples_per_sec = (step - previous) * graph.examples_per_update / duration
+      if (step // settings.log_frequency != previous // settings.log_frequency or
+          previous == run.start_step):
+        print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
       if summarize:
-        _write_summary(writer, results[2], previous, examples_per_sec)
+        write_summary(writer, results[2], previous, examples_per_sec)
         last_summary = previous
-
-      if step // save_every_n_steps != last_saved // save_every_n_steps:
+      if step // settings.save_every_n_steps != last_saved // settings.save_every_n_steps:
         last_saved = save(step, last_saved)
   finally:
     halt.set()
     for thread in threads:
       thread.join()
+  step = finish(sess, graph, run, writer, save, last_saved, last_summary, stop)
+  print('updates applied per tower: %s; global step %d' % (', '.join(
+      'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
+
+
+def open_writer(sess, run, summary_steps, record):
+  """The run's event file, opening with its record; None without summaries.
+
+  A failed event-file write is said once; training goes on (training_run.SummaryWriter).
+  """
+  if not summary_steps:
+    return None
+  writer = training_run.SummaryWriter(run.train_dir, sess.graph if not run.checkpoint else None)
+  # Runs compared side by side in TensorBoard say what differed.
+  writer.add_summary(training_run.text_summary('run_record', record), run.start_step)
+  return writer
+
+
+def check_loss(loss_value, step, model_name, last_saved):
+  """Stops the run on a NaN or infinite loss, naming the step and what to try."""
+  if not np.isfinite(loss_value):
+    raise TrainingError(
+        'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
+        '(%s/model.py) or --batch_size; %s' % (loss_value, step, model_name,
+                                              _last_checkpoint_note(last_saved)))
+
+
+def print_loss_line(step, loss_value, examples_per_sec, sec_per_batch):
+  """The tutorial's line, its fields in its order."""
+  print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch)' % (
+      datetime.datetime.now(), step, loss_value, examples_per_sec, sec_per_batch))
+  sys.stdout.flush()
+
+
+def finish(sess, graph, run, writer, save, last_saved, last_summary, stop):
+  """After the loop: a summary and a checkpoint of the step where it stopped, and
+  training_run.Stopped after a signal. Returns the global step."""
   # The global step, not the loop's count: async towers may have landed a few more.
-  step = sess.run(global_step)
+  step = sess.run(graph.global_step)
   if writer:
     if step != last_summary:  # every run ends with a summary of where it stopped
-      _write_summary(writer, sess.run(graph['summary_op']), step, None)
+      write_summary(writer, sess.run(graph.summary_op), step, None)
     writer.close()
   if step != last_saved:
     save(step, last_saved)
@@ -617,12 +679,10 @@ def loop(sess, saver, graph, run, max_steps, log_frequency, summary_steps,
     print('Stopped by %s at step %d%s; rerun the same command to resume.' % (
         stop.name, step, '' if step != run.start_step else ' before any step'))
     raise training_run.Stopped(stop.exit_code)
-  if async_towers:
-    print('updates applied per tower: %s; global step %d' % (', '.join(
-        'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
+  return step
 
 
-def _write_summary(writer, summary, step, examples_per_sec):
+def write_summary(writer, summary, step, examples_per_sec):
   writer.add_summary(summary, step)
   if examples_per_sec is not None:
     writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
@@ -635,17 +695,23 @@ def _last_checkpoint_note(last_saved):
   return 'no checkpoint was written.'
 
 
-def _save(sess, saver, all_finite, train_dir, model_name, step, last_saved):
-  """Writes model.ckpt-<step> unless a variable is NaN; returns step."""
-  if not sess.run(all_finite):
-    raise TrainingError(
-        'a variable became NaN or infinite by step %d: the model diverged. Lower '
-        'INITIAL_LEARNING_RATE (%s/model.py); %s'
-        % (step, model_name, _last_checkpoint_note(last_saved)))
-  print('Saved checkpoint %s' % training_run.save_checkpoint(sess, saver, train_dir, step,
-                                                             KEEP_CHECKPOINTS))
-  sys.stdout.flush()
-  return step
+def saver_with_check(sess, saver, train_dir, model_name):
+  """save(step, last_saved): writes model.ckpt-<step> unless a variable is NaN or
+  infinite (then TrainingError, the last checkpoint untouched); returns step."""
+  all_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v))
+                              for v in tf.compat.v1.trainable_variables()])
+
+  def save(step, last_saved):
+    if not sess.run(all_finite):
+      raise TrainingError(
+          'a variable became NaN or infinite by step %d: the model diverged. Lower '
+          'INITIAL_LEARNING_RATE (%s/model.py); %s'
+          % (step, model_name, _last_checkpoint_note(last_saved)))
+    print('Saved checkpoint %s' % training_run.save_checkpoint(sess, saver, train_dir, step,
+                                                               KEEP_CHECKPOINTS))
+    sys.stdout.flush()
+    return step
+  return save
 
 
 def _update_budget(updates):
@@ -673,6 +739,19 @@ def apply_dataset_defaults():
   for name, value in DATASETS[FLAGS.dataset].defaults.items():
     if FLAGS[name].value is None:
       setattr(FLAGS, name, value)
+
+
+def settings_from_flags():
+  """The run's Settings from the command line, once apply_dataset_defaults() has run.
+
+  Both trainers take their settings from here; dist_train.py refuses the flags
+  that mean nothing there (--fresh, --async_towers, --seed), so they keep their
+  defaults.
+  """
+  session = placement.SessionOptions(
+      **{name: FLAGS[name].value for name in placement.SessionOptions._fields})
+  return Settings(session=session, **{name: FLAGS[name].value for name in Settings._fields
+                                      if name != 'session'})
 
 
 def check_flags(also_positive=()):
@@ -709,30 +788,12 @@ def main(argv):
   check_flags()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
-  try:
-    train(FLAGS.train_dir, FLAGS.data_dir, FLAGS.num_gpus, FLAGS.batch_size,
-          FLAGS.max_steps, log_frequency=FLAGS.log_frequency,
-          summary_steps=FLAGS.summary_steps, save_every_n_steps=FLAGS.save_every_n_steps,
-          async_towers=FLAGS.async_towers,
-          synthetic=FLAGS.synthetic, data_url=FLAGS.data_url, data_md5=FLAGS.data_md5,
-          fresh=FLAGS.fresh,
-          config_options=dict(log_device_placement=FLAGS.log_device_placement,
-                              allow_growth=FLAGS.allow_growth,
-                              gpu_memory_fraction=FLAGS.gpu_memory_fraction,
-                              intra_op_threads=FLAGS.intra_op_threads,
-                              inter_op_threads=FLAGS.inter_op_threads),
-          seed=FLAGS.seed, stop=stop, dataset=FLAGS.dataset,
+  with training_run.one_line_errors():
+    train(settings_from_flags(), stop=stop,
           flag_values={flag.name: flag.value
                        for flag in FLAGS.get_flags_for_module(sys.argv[0])})
-  except (TrainingError, cifar10_input.DataError) as e:
-    sys.exit('error: %s' % e)
-  except training_run.Stopped as e:  # train() has saved and said so
-    sys.exit(e.exit_code)
-  except KeyboardInterrupt:  # a second signal: stop now, without saving
-    sys.exit('Stopped by a second %s without saving; the last checkpoint in %s is '
-             'untouched.' % (stop.name, FLAGS.train_dir))
 
 
 if __name__ == '__main__':
-  training_run.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

@@ -9,19 +9,20 @@ Both trainers (multi_gpu_train.py and dist_train.py's chief) use these:
     stop = StopSignals(train_dir)           # Ctrl-C, SIGTERM: finish the step, save
     write_run_record(train_dir, record)     # what the run used, as JSON
     writer = SummaryWriter(train_dir)       # event files; a failed write said once
+    with one_line_errors(): ...             # main(): one line and an exit code, no traceback
 
 The directory's own files are found by listing it and matching their names,
 never by a glob of its path: a --train_dir such as runs/g[12] must not reach
 runs/g1 and runs/g2.
 
-Nothing here builds a model or reads flags. Errors are TrainingError, with a
-message that names the path, what is wrong and what to do.
+Nothing here builds a model or reads flags; its messages name the flags a user
+would change (--train_dir, --fresh), as the trainers' users know them. Errors are
+TrainingError, with a message that names the path, what is wrong and what to do.
 """
 import contextlib
 import errno
 import fcntl
 import fnmatch
-import glob
 import json
 import os
 import re
@@ -30,11 +31,12 @@ import signal
 import socket
 import stat
 import sys
-import tempfile
 import threading
 import time
 
 import tensorflow as tf
+
+import input_lib
 
 CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
 STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
@@ -48,38 +50,6 @@ SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 class TrainingError(Exception):
   """The run cannot go on; the message says why and what to do."""
-
-
-# ---- Devices -------------------------------------------------------------------
-
-def list_gpus():
-  """tf.config.list_physical_devices('GPU'), without one misleading line.
-
-  Call it first thing in a program: whatever first looks for GPUs prints the
-  line (absl's app.run does, through TensorFlow's start-up hooks).
-
-  On a machine with no NVIDIA driver (no /dev/nvidia* device), TensorFlow's CUDA
-  build prints `E0000 ... failed call to cuInit: ... UNKNOWN ERROR (303)` here: it
-  found no driver library, which is the normal state of such a machine. That one
-  line is held back there; every other line, and every line on a machine with a
-  driver, goes to stderr as TensorFlow wrote it.
-  """
-  if glob.glob('/dev/nvidia[0-9]*'):
-    return tf.config.list_physical_devices('GPU')
-  sys.stderr.flush()
-  saved_stderr = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      gpus = tf.config.list_physical_devices('GPU')
-    finally:
-      os.dup2(saved_stderr, 2)
-      os.close(saved_stderr)
-    captured.seek(0)
-    for line in captured.read().decode('utf-8', 'replace').splitlines(True):
-      if not re.search(r'failed call to cuInit: .*\(303\)', line):
-        sys.stderr.write(line)
-  return gpus
 
 
 # ---- One trainer per directory -------------------------------------------------
@@ -266,23 +236,6 @@ class SummaryWriter:
       sys.stderr.flush()
 
 
-@contextlib.contextmanager
-def op_determinism():
-  """TensorFlow's deterministic GPU kernels, for one run.
-
-  The switch is process-wide; it is put back as it was at the end, so that an
-  unseeded run in the same process (a test, a notebook) does not inherit it.
-  """
-  from tensorflow.python.framework import config  # the public API can only switch it on
-  was_on = config.is_op_determinism_enabled()
-  tf.config.experimental.enable_op_determinism()
-  try:
-    yield
-  finally:
-    if not was_on:
-      config.disable_op_determinism()
-
-
 # ---- Stopping on a signal ------------------------------------------------------
 
 class StopSignals:
@@ -356,6 +309,22 @@ class Stopped(Exception):
   def __init__(self, exit_code):
     super().__init__(exit_code)
     self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def one_line_errors():
+  """Ends a program with one line and an exit code for every failure a user can cause.
+
+  TrainingError and DataError print `error: <message>` and exit 1; Stopped exits
+  with its code (130, 143), the trainer having said where it stopped. A second
+  Ctrl-C needs no clause: StopSignals exits at once.
+  """
+  try:
+    yield
+  except (TrainingError, input_lib.DataError) as e:
+    sys.exit('error: %s' % e)
+  except Stopped as e:
+    sys.exit(e.exit_code)
 
 
 # ---- Checkpoints ---------------------------------------------------------------

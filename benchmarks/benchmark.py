@@ -11,7 +11,7 @@ halves the numbers, so the start-up line prints the load average. The model cost
 MFLOP per example per training step (table.flop_count).
 
 The table, per number of towers N (global batch N x --batch_size):
-  real, synthetic   ours: multi_gpu_train.build_train_graph over tower_devices(N)'s
+  real, synthetic   ours: multi_gpu_train.build over placement.tower_devices(N)'s
                     devices, in session_config()'s session, one sess.run of [train
                     op, loss] timed per step; generated files in the real CIFAR-10
                     layout (distorted_dataset), or in-memory batches (synthetic_dataset)

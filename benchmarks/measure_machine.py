@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import multi_gpu_train
+import placement
 from timing import peak_mb, time_steps
 
 
@@ -47,7 +47,7 @@ def matmul(config):
     a = tf.compat.v1.get_variable('a', [n, n], initializer=normal)
     b = tf.compat.v1.get_variable('b', [n, n], initializer=normal)
     product = tf.matmul(a, b)
-    with tf.compat.v1.Session(config=multi_gpu_train.session_config(1)) as sess:
+    with tf.compat.v1.Session(config=placement.session_config(1)) as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       # Running the op without fetching its output: no 16 MB copy into numpy.
       durations = time_steps(lambda: sess.run(product.op), 2, config['runs'])
@@ -62,8 +62,8 @@ def pipeline(config):
     with tf.device('/cpu:0'):
       dataset = cifar10_input.distorted_dataset(config['data_dir'], config['batch_size'])
       images, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    session_config = multi_gpu_train.session_config(
-        1, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
+    session_config = placement.session_config(1, placement.SessionOptions(
+        intra_op_threads=config['intra'], inter_op_threads=config['inter']))
     with tf.compat.v1.Session(config=session_config) as sess:
       # The op alone: the batch stays in TensorFlow, as it does for the towers.
       durations = time_steps(lambda: sess.run(images.op), config['warmup'],

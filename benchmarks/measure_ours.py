@@ -11,10 +11,11 @@ import time
 import tensorflow as tf
 
 import multi_gpu_train
+import placement
 from timing import check_losses, peak_mb, time_steps
 
 Trainer = collections.namedtuple('Trainer', [
-    'ops',             # build_train_graph's dict: train_ops, apply_ops, loss, summary_op, ...
+    'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
     'input_init',      # the op that starts the input, to run once in the session
     'session_config',  # the trainer's ConfigProto for these towers and threads
     'devices',         # one device string per tower
@@ -36,7 +37,7 @@ def build_trainer(config):
   """
   batch_size = config['batch_size']
   data = multi_gpu_train.DATASETS[config.get('dataset', 'cifar10')]
-  devices, num_cpu_devices, where = multi_gpu_train.tower_devices(config['towers'])
+  devices, num_cpu_devices, where = placement.tower_devices(config['towers'])
   if config.get('seed') is not None:
     next_batch, input_init = multi_gpu_train.input_pipeline(
         config['data_dir'], config['towers'], batch_size, seed=config['seed'])
@@ -50,15 +51,15 @@ def build_trainer(config):
         dataset = dataset.prefetch(config['extra_prefetch'])
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
       next_batch, input_init = iterator.get_next, iterator.initializer
-  ops = multi_gpu_train.build_train_graph(next_batch, devices, batch_size,
-                                          async_towers=False, summaries=config['summaries'],
-                                          model=data.model)
-  session_config = multi_gpu_train.session_config(
-      num_cpu_devices, intra_op_threads=config['intra'], inter_op_threads=config['inter'])
+  graph = multi_gpu_train.build(next_batch, devices, batch_size,
+                                data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
+                                summaries=config['summaries'])
+  session_config = placement.session_config(num_cpu_devices, placement.SessionOptions(
+      intra_op_threads=config['intra'], inter_op_threads=config['inter']))
   if config['xla']:
     session_config.graph_options.optimizer_options.global_jit_level = (
         tf.compat.v1.OptimizerOptions.ON_1)
-  return Trainer(ops, input_init, session_config, devices, where)
+  return Trainer(graph, input_init, session_config, devices, where)
 
 
 def ours(config):
@@ -69,7 +70,7 @@ def ours(config):
   tf.compat.v1.disable_eager_execution()
   with tf.Graph().as_default():
     trainer = build_trainer(config)
-    fetches = [trainer.ops['train_ops'][0], trainer.ops['loss']]
+    fetches = [trainer.graph.train_op, trainer.graph.loss]
     init = tf.compat.v1.global_variables_initializer()
     result = dict(where=trainer.where,
                   examples_per_step=config['batch_size'] * len(trainer.devices))
@@ -100,9 +101,9 @@ def extras(config):
   tf.compat.v1.disable_eager_execution()
   with tf.Graph().as_default():
     trainer = build_trainer(dict(config, summaries=True))
-    loss, train_op = trainer.ops['loss'], trainer.ops['train_ops'][0]
-    kinds = dict(update_only=[trainer.ops['apply_ops'][0], loss], train_op=[train_op, loss],
-                 summary=[train_op, loss, trainer.ops['summary_op']])
+    loss, train_op = trainer.graph.loss, trainer.graph.train_op
+    kinds = dict(update_only=[trainer.graph.update_op, loss], train_op=[train_op, loss],
+                 summary=[train_op, loss, trainer.graph.summary_op])
     init = tf.compat.v1.global_variables_initializer()
     durations = {kind: [] for kind in kinds}
     losses = []

@@ -6,7 +6,7 @@
 
 The network and its constants live in mnist/model.py; the data in mnist_input.py.
 """
-from mnist.model import (ACTIVATIONS, INITIAL_LEARNING_RATE, INPUT_NODE,  # noqa: F401
+from mnist.model import (ACTIVATIONS, CROSS_ENTROPY, INITIAL_LEARNING_RATE, INPUT_NODE,  # noqa: F401
                          LAYER1_NODE, LEARNING_RATE_DECAY_FACTOR, LOSSES,
                          MOVING_AVERAGE_DECAY, NUM_CLASSES, NUM_EPOCHS_PER_DECAY,
                          NUM_EXAMPLES_PER_EPOCH_FOR_EVAL, NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,

@@ -24,6 +24,7 @@ STAIRCASE = False
 TOWER_NAME = 'tower'              # name scope prefix of replica i: tower_0, tower_1, ...
 LOSSES = 'losses'                 # collection: cross-entropy and regularisation terms
 ACTIVATIONS = 'activations'       # collection: each layer's output, for summaries
+CROSS_ENTROPY = 'cross_entropy'   # collection: each tower's mean cross-entropy, for summaries
 
 
 def l2_regularizer(rate):
@@ -83,4 +84,5 @@ def loss(logits, labels):
       labels=labels, logits=logits, name='cross_entropy_per_example')
   cross_entropy_mean = tf.reduce_mean(cross_entropy, name='cross_entropy')
   tf.compat.v1.add_to_collection(LOSSES, cross_entropy_mean)
+  tf.compat.v1.add_to_collection(CROSS_ENTROPY, cross_entropy_mean)
   return tf.add_n(tf.compat.v1.get_collection(LOSSES), name='total_loss')

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import conftest
 import dist_train
+import local_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST_TRAIN = os.path.join(ROOT, 'dist_train.py')
@@ -126,7 +127,7 @@ def sample(tmp_path_factory):
   return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=50)
 
 
-def local_cluster(start, num_ps, num_workers, train_dir, *flags):
+def run_local_cluster(start, num_ps, num_workers, train_dir, *flags):
   """Runs dist_train.py --local_cluster to the end; returns {task: [its lines]}."""
   task = start([sys.executable, '-u', DIST_TRAIN, '--local_cluster=%d,%d' % (
       num_ps, num_workers), '--train_dir=%s' % train_dir] + QUICK_FLAGS + list(flags))
@@ -142,7 +143,7 @@ def local_cluster(start, num_ps, num_workers, train_dir, *flags):
 
 def tasks_of(launcher):
   """PIDs of the processes a --local_cluster launcher started that are still alive."""
-  marker = ('%s=%d' % (dist_train.DIE_WITH_LAUNCHER_ENV, launcher.process.pid)).encode()
+  marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher.process.pid)).encode()
   pids = []
   for pid in filter(str.isdigit, os.listdir('/proc')):
     try:
@@ -208,7 +209,7 @@ def test_check_loopback_remote_worker_raises_with_reason_and_opt_in():
 
 
 def test_free_ports_distinct_and_bindable():
-  ports = dist_train.free_ports(3)
+  ports = local_cluster.free_ports(3)
   assert len(set(ports)) == 3
   for port in ports:
     socket.create_server(('127.0.0.1', port)).close()
@@ -245,7 +246,7 @@ def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
 
 @pytest.mark.slow
 def test_worker_no_ps_reachable_exits_within_startup_deadline(tasks, sample, tmp_path):
-  ps_port, worker_port = dist_train.free_ports(2)  # nothing listens on ps_port
+  ps_port, worker_port = local_cluster.free_ports(2)  # nothing listens on ps_port
   start = time.time()
   worker = tasks([sys.executable, '-u', DIST_TRAIN, '--job_name=worker', '--task_index=0',
                   '--ps_hosts=127.0.0.1:%d' % ps_port,
@@ -267,7 +268,7 @@ MAX_STEPS = 40           # enough for worker 1 to join the async chief well befo
 def async_run(module_tasks, tmp_path_factory):
   """1 ps + 2 async workers on the same synthetic batch, from step 0 to MAX_STEPS."""
   train_dir = str(tmp_path_factory.mktemp('async'))
-  logs = local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=10',
+  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=10',
                        '--max_steps=%d' % MAX_STEPS)
   return train_dir, logs
 
@@ -277,7 +278,7 @@ def sync_run(module_tasks, async_run, tmp_path_factory):
   """1 ps + 2 sync workers, from the async run's first checkpoint to MAX_STEPS."""
   train_dir = os.path.join(str(tmp_path_factory.mktemp('sync')), 'train')
   start_from(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
-  logs = local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=0',
+  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--synthetic', '--summary_steps=0',
                        '--sync_replicas', '--max_steps=%d' % MAX_STEPS)
   return train_dir, logs
 
@@ -368,7 +369,7 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
   (SIGSTOP): without its queue runner no update lands, so the run waits for it.
   """
   max_steps, save_every = 50, 10
-  ps_port, *worker_ports = dist_train.free_ports(4)
+  ps_port, *worker_ports = local_cluster.free_ports(4)
   ps_hosts = ['127.0.0.1:%d' % ps_port]
   worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
   flags = QUICK_FLAGS + sample.flags + ['--train_dir=%s' % tmp_path,
@@ -377,7 +378,7 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
                          '--summary_steps=0']
 
   def start(job_name, task_index):
-    return tasks(dist_train.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
 
   def training(task):
     task.wait_for(lambda line: ': training from global step' in line, 'session')
@@ -520,7 +521,7 @@ def test_second_chief_same_train_dir_exits_naming_it_and_the_first(long_cluster)
   before = sorted(os.listdir(train_dir))
   with open(os.path.join(train_dir, '.lock')) as f:
     holder = int(f.read())
-  ps_port, worker_port = dist_train.free_ports(2)
+  ps_port, worker_port = local_cluster.free_ports(2)
   start = time.time()
   code, out, err = run_cli('--job_name=worker', '--task_index=0', '--synthetic',
                            '--ps_hosts=127.0.0.1:%d' % ps_port,
@@ -585,7 +586,7 @@ def test_local_cluster_normal_finish_prints_no_error_looking_line(tasks, tmp_pat
                     '--log_frequency=10', '--batch_size=8'] + mode, env=env)
   code, log = launcher.finish()
   assert code == 0, log[-3000:]
-  launcher_notices = re.compile('|'.join(dist_train.QUIET_LINES + dist_train.NO_GPU_LINES))
+  launcher_notices = re.compile('|'.join(local_cluster.QUIET_LINES + local_cluster.NO_GPU_LINES))
   alarming = [line for line in log.splitlines() if ERROR_LOOKING.search(
       line.partition('] ')[2] if TASK_PREFIX.match(line) else line)
       and not (not TASK_PREFIX.match(line) and launcher_notices.search(line))]
@@ -607,7 +608,7 @@ def test_local_cluster_normal_finish_prints_no_error_looking_line(tasks, tmp_pat
 @pytest.mark.slow
 def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path):
   max_steps = 60
-  ps_port, *worker_ports = dist_train.free_ports(3)
+  ps_port, *worker_ports = local_cluster.free_ports(3)
   ps_hosts = ['127.0.0.1:%d' % ps_port]
   worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
   flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path, '--summary_steps=0',
@@ -615,7 +616,7 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
                          '--startup_timeout_secs=20', '--step_timeout_secs=20']
 
   def start(job_name, task_index):
-    return tasks(dist_train.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
 
   ps = start('ps', 0)
   workers = [start('worker', i) for i in range(2)]
@@ -644,13 +645,13 @@ def _state_file(train_dir, *paths):
 @pytest.mark.slow
 def test_chief_copied_dir_rotation_never_deletes_the_original(module_tasks, tmp_path):
   run1, run2 = str(tmp_path / 'run1'), str(tmp_path / 'run2')
-  local_cluster(module_tasks, 1, 1, run1, '--synthetic', '--summary_steps=0',
+  run_local_cluster(module_tasks, 1, 1, run1, '--synthetic', '--summary_steps=0',
                 '--max_steps=3', '--save_every_n_steps=1')
   shutil.copytree(run1, run2)
   # An older state file, written with absolute paths: it names run1's files.
   _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in (0, 1, 2, 3)])
   originals = sorted(os.listdir(run1))
-  logs = local_cluster(module_tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
+  logs = run_local_cluster(module_tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
                        '--max_steps=12', '--save_every_n_steps=1')
   assert sorted(os.listdir(run1)) == originals  # 12 saves rotated in run2 alone
   assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == '3'
@@ -662,10 +663,10 @@ def test_chief_copied_dir_rotation_never_deletes_the_original(module_tasks, tmp_
 def test_chief_without_state_file_resumes_from_newest_checkpoint_not_step_0(module_tasks,
                                                                             tmp_path):
   train_dir = str(tmp_path)
-  local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+  run_local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
                 '--max_steps=4', '--save_every_n_steps=2')
   os.remove(os.path.join(train_dir, 'checkpoint'))
-  logs = local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+  logs = run_local_cluster(module_tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
                        '--max_steps=6', '--save_every_n_steps=2')
   assert matches(RESUMING_LINE, logs['worker0'])[0].groups() == ('4', '4')
   assert 'worker 0: training from global step 4' in logs['worker0']
@@ -697,7 +698,7 @@ def test_helpshort_lists_multi_gpu_train_flags_it_accepts_not_the_refused():
 
 
 def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice(tmp_path):
-  ps_port, worker_port = dist_train.free_ports(2)
+  ps_port, worker_port = local_cluster.free_ports(2)
   code, out, err = run_cli('--job_name=worker', '--task_index=0', '--synthetic',
                            '--ps_hosts=127.0.0.1:%d' % ps_port,
                            '--worker_hosts=127.0.0.1:%d' % worker_port,

@@ -14,6 +14,7 @@ import tensorflow as tf
 import cifar10
 import conftest
 import multi_gpu_train
+import placement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOG_LINE = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
@@ -69,17 +70,18 @@ def _one_step(num_towers, images, labels, start_values=None, model=cifar10):
   slices = iter([(images[i * per_tower:(i + 1) * per_tower],
                   labels[i * per_tower:(i + 1) * per_tower]) for i in range(num_towers)])
   with tf.Graph().as_default():
-    graph = multi_gpu_train.build_train_graph(
+    graph = multi_gpu_train.build(
         lambda: tuple(map(tf.constant, next(slices))),
-        ['/cpu:%d' % i for i in range(num_towers)], per_tower, summaries=False, model=model)
+        ['/cpu:%d' % i for i in range(num_towers)], per_tower,
+        model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, model=model, summaries=False)
     variables = tf.compat.v1.global_variables()
     start = [v.assign(start_values[v.op.name]) for v in variables] if start_values else []
-    config = multi_gpu_train.session_config(num_cpu_devices=num_towers)
+    config = placement.session_config(num_cpu_devices=num_towers)
     with tf.compat.v1.Session(config=config) as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run(start)
       before = dict(zip([v.op.name for v in variables], sess.run(variables)))
-      sess.run(graph['train_ops'])
+      sess.run(graph.train_op)
       after = dict(zip([v.op.name for v in variables], sess.run(variables)))
   return before, after
 
@@ -106,9 +108,9 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tm
   monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 1e12)
   with pytest.raises(multi_gpu_train.TrainingError,
                      match=r'loss is nan at step \d+.*INITIAL_LEARNING_RATE'):
-    multi_gpu_train.train(str(tmp_path), sample.dir, num_gpus=1, batch_size=8,
+    multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path), sample.dir, num_gpus=1, batch_size=8,
                           max_steps=50, summary_steps=0, save_every_n_steps=1,
-                          data_md5=sample.md5)
+                          data_md5=sample.md5))
   # Checkpoints written while the loss was finite stay; none holds a NaN.
   state = tf.train.get_checkpoint_state(str(tmp_path))
   for path in state.all_model_checkpoint_paths:
@@ -194,8 +196,8 @@ def test_cli_bad_flag_exits_naming_it(tmp_path, flag, message):
 
 
 def _train_briefly(sample, train_dir, max_steps=6):
-  multi_gpu_train.train(train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
-                        summary_steps=0, save_every_n_steps=3, data_md5=sample.md5)
+  multi_gpu_train.train(multi_gpu_train.Settings(train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
+                        summary_steps=0, save_every_n_steps=3, data_md5=sample.md5))
 
 
 def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, tmp_path):

@@ -1,0 +1,284 @@
+"""--local_cluster: a whole ps/worker cluster of dist_train.py tasks on one machine.
+
+    python dist_train.py --local_cluster=1,2 --max_steps=10000
+
+dist_train.py calls run() once its flags are checked and the data is in place.
+It moves into a private network namespace whose only interface is loopback
+(where Linux permits), starts the ps tasks and the workers as subprocesses of
+dist_train.py on free ports of 127.0.0.1, prints their output prefixed with
+the task's name, and stops them all at the end, on a failure, or on Ctrl-C or
+SIGTERM (the chief first, so that it saves). Each task dies with this launcher,
+however it ends (die_with_launcher).
+"""
+import ctypes
+import errno
+import fcntl
+import glob
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import training_run
+
+DIST_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'dist_train.py')
+STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
+STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and save
+DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
+
+# Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+PR_SET_PDEATHSIG = 1                                       # <linux/prctl.h>
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+# TensorFlow's lines that look like errors in every normal --local_cluster run: a
+# notice at start-up, rendezvous cleaned up after some steps. The relay holds them
+# back and shows them only if a task fails; so too everything but the workers' own
+# last lines once a worker closes its session (FINAL_LINE): receives and queue runners
+# cancelled as the sessions close, in many forms.
+QUIET_LINES = (
+    r'^WARNING: All log messages before absl::InitializeLog\(\) is called are written',
+    r'^W\d{4} [\d:.]+ +\d+ local_rendezvous\.cc:\d+\] Local rendezvous is aborting with '
+    r'status: ABORTED: Cleanup \d+ ',
+    # oneDNN on (TensorFlow's default on CPUs with AVX512_VNNI and newer): its notice
+    # speaks of round-off errors, and its uint8 kernels fall back on older CPUs.
+    r'^I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\.',
+    r'^E\d{4} [\d:.]+ +\d+ util\.cc:\d+\] oneDNN supports DT_UINT8 only on platforms',
+)
+FINAL_LINE = re.compile(
+    r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: )')
+# Without an NVIDIA device on this machine, every task says it found no CUDA driver.
+NO_GPU_LINES = (
+    r'^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your '
+    r'machine, GPU will not be used\.$',
+    r'^E\d{4} [\d:.]+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit: INTERNAL: CUDA '
+    r'error: Failed call to cuInit: UNKNOWN ERROR \(303\)$',
+)
+
+
+def enter_private_network():
+  """Moves this process into a new network namespace whose only interface is loopback.
+
+  Linux only. Every process started from here on shares it: the tasks reach each
+  other on 127.0.0.1, and no one outside the namespace, not even another process
+  on this machine, can reach their ports. TensorFlow's servers listen on all
+  interfaces; here the only one is loopback. As root this needs CLONE_NEWNET
+  alone; otherwise a user namespace too (CLONE_NEWUSER), mapping this user to
+  itself, which Linux grants only to a single-threaded process.
+
+  Returns:
+    None once inside, or why it was not possible (str) and nothing has changed.
+
+  Raises:
+    training_run.TrainingError: the namespace was made but its loopback could not be
+      brought up.
+  """
+  if not sys.platform.startswith('linux'):
+    return 'network namespaces are Linux only'
+  libc = ctypes.CDLL(None, use_errno=True)
+  as_root = os.geteuid() == 0
+  if libc.unshare(CLONE_NEWNET if as_root else CLONE_NEWUSER | CLONE_NEWNET) != 0:
+    error = ctypes.get_errno()
+    threads = len(os.listdir('/proc/self/task'))
+    if not as_root and error == errno.EINVAL and threads > 1:
+      return ('a user namespace needs a single-threaded process, and TensorFlow has '
+              'started %d threads in this one; run as root to get one' % threads)
+    return 'unshare(%s) failed: %s' % ('CLONE_NEWNET' if as_root else
+                                       'CLONE_NEWUSER | CLONE_NEWNET', os.strerror(error))
+  try:
+    if not as_root:  # this user stays itself inside; setgroups must go before gid_map
+      for name, text in (('setgroups', 'deny'), ('uid_map', '%d %d 1' % ((os.geteuid(),) * 2)),
+                         ('gid_map', '%d %d 1' % ((os.getegid(),) * 2))):
+        with open('/proc/self/%s' % name, 'w') as f:
+          f.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+      ifreq = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack('16sh22x', b'lo', 0))
+      lo_flags = struct.unpack('16sh22x', ifreq)[1]
+      fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack('16sh22x', b'lo', lo_flags | IFF_UP))
+  except OSError as e:
+    raise training_run.TrainingError('--local_cluster made a private network namespace but '
+                                     'could not bring its loopback interface up: %s'
+                                     % e) from None
+  return None
+
+
+def free_ports(count):
+  """`count` distinct free TCP ports on 127.0.0.1, found by binding port 0."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(('127.0.0.1', 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def task_command(job_name, task_index, ps_hosts, worker_hosts, extra_flags=()):
+  """The argv that starts one task of the cluster with this script."""
+  return [sys.executable, '-u', DIST_TRAIN, '--job_name=%s' % job_name,
+          '--task_index=%d' % task_index, '--ps_hosts=%s' % ','.join(ps_hosts),
+          '--worker_hosts=%s' % ','.join(worker_hosts)] + list(extra_flags)
+
+
+def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
+  """Runs num_ps ps tasks and num_workers workers on 127.0.0.1, printing their logs.
+
+  Returns 0 once every worker has exited 0, 1 as soon as any task fails. On a stop
+  signal the chief stops first, saving at its current step (the ps tasks hold its
+  variables, and in sync mode its update waits for the other workers), then the
+  rest; returns stop.exit_code. Every task still running is then stopped: the ps
+  tasks always are, as they never exit.
+  """
+  ports = free_ports(num_ps + num_workers)
+  ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
+  worker_hosts = ['127.0.0.1:%d' % p for p in ports[num_ps:]]
+  print('local cluster: ps %s, workers %s' % (','.join(ps_hosts), ','.join(worker_hosts)),
+        flush=True)
+  relay = Relay()
+  tasks = {}  # 'ps0' -> Popen, in start order
+  # One process group of their own: a Ctrl-C in the terminal reaches this launcher
+  # alone, which stops the tasks in order. They die with it (DIE_WITH_LAUNCHER_ENV).
+  env = dict(os.environ, **{DIE_WITH_LAUNCHER_ENV: str(os.getpid())})
+  try:
+    for job_name, hosts in (('ps', ps_hosts), ('worker', worker_hosts)):
+      for i in range(len(hosts)):
+        name = '%s%d' % (job_name, i)
+        tasks[name] = subprocess.Popen(
+            task_command(job_name, i, ps_hosts, worker_hosts, extra_flags), env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0)
+        relay.start(name, tasks[name].stdout)
+    while not stop.requested:
+      ended = {name: p.returncode for name, p in tasks.items() if p.poll() is not None}
+      failed = [name for name, code in ended.items()
+                if code != 0 or name.startswith('ps')]
+      if failed:
+        relay.show_held()
+        print('local cluster: %s exited with %d; stopping the other tasks'
+              % (failed[0], ended[failed[0]]), flush=True)
+        return 1
+      if len(ended) == num_workers:
+        print('local cluster: all %d workers finished; stopping the ps tasks' % num_workers,
+              flush=True)
+        return 0
+      time.sleep(0.2)
+    stop_chief(tasks['worker0'], stop)
+    return stop.exit_code
+  finally:
+    stop_tasks(tasks.values())
+    relay.join()
+
+
+def stop_chief(chief, stop):
+  """Passes the stop signal on to the chief and waits for it to save and exit."""
+  print('local cluster: %s: stopping worker 0, the chief, which saves at its current '
+        'step; then the other tasks' % stop.name, flush=True)
+  if chief.poll() is None:
+    chief.send_signal(stop.signum)
+    try:
+      chief.wait(STOP_CHIEF_SECS)
+    except subprocess.TimeoutExpired:
+      print('local cluster: the chief has not stopped within %d s; stopping every task '
+            'without its checkpoint' % STOP_CHIEF_SECS, flush=True)
+
+
+def stop_tasks(processes):
+  """SIGTERM to every process still running, SIGKILL to those left after STOP_TASKS_SECS."""
+  for process in processes:
+    if process.poll() is None:
+      process.terminate()
+  deadline = time.time() + STOP_TASKS_SECS
+  for process in processes:
+    try:
+      process.wait(max(deadline - time.time(), 0.1))
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+
+
+class Relay:
+  """Prints each task's output, line by line, as '[worker1] ...'.
+
+  Lines TensorFlow prints in every normal run that look like errors and are not
+  (QUIET_LINES, and all but FINAL_LINEs once a worker closes its session) are held
+  back; show_held() prints them when a task has failed, where they may say why.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._readers, self._held = [], []
+    self._finishing = False  # a worker closes its session: the others' steps are cancelled
+    self._quiet = re.compile('|'.join(QUIET_LINES + (
+        [] if glob.glob('/dev/nvidia*') else NO_GPU_LINES)))
+
+  def start(self, name, stream):
+    self._readers.append(threading.Thread(target=self._relay, args=(name, stream),
+                                          daemon=True))
+    self._readers[-1].start()
+
+  def _relay(self, name, stream):
+    held = False  # a held line's continuation lines start with a tab
+    for line in stream:
+      final = FINAL_LINE.match(line)
+      held = not final and (self._finishing or bool(self._quiet.search(line)) or
+                            (held and line.startswith('\t')))
+      if final and 'closing the session' in line:
+        self._finishing = True
+      with self._lock:
+        if held:
+          self._held.append('[%s] %s' % (name, line))
+        else:
+          sys.stdout.write('[%s] %s' % (name, line))
+          sys.stdout.flush()
+
+  def show_held(self):
+    with self._lock:
+      if self._held:
+        print('local cluster: TensorFlow lines held back until now:\n%s'
+              % ''.join(self._held), end='', flush=True)
+      self._held = []
+
+  def join(self):
+    for reader in self._readers:
+      reader.join(STOP_TASKS_SECS)
+
+
+def die_with_launcher():
+  """A --local_cluster task: dies with its launcher, however the launcher ends."""
+  launcher = os.environ.get(DIE_WITH_LAUNCHER_ENV)
+  if launcher and sys.platform.startswith('linux'):
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(launcher):  # it died before prctl
+      os._exit(1)
+
+
+def run(num_ps, num_workers, task_flags, exposure_warning):
+  """Starts the cluster in a private network where possible; returns the exit code.
+
+  Args:
+    num_ps, num_workers: ints >= 1.
+    task_flags: list of '--flag=value' strings every task gets.
+    exposure_warning: the line to print when the tasks' ports cannot be private.
+  """
+  why_not = enter_private_network()
+  if why_not:
+    print('%s\nlocal cluster: the tasks cannot have a private network here (%s): their '
+          'ports are open on every interface of this machine while they run.'
+          % (exposure_warning, why_not), flush=True)
+  else:
+    print('local cluster: the tasks run in a private network namespace whose only '
+          'interface is loopback: nothing outside it, on this machine or another, can '
+          'reach their ports.', flush=True)
+  stop = training_run.StopSignals()
+  try:
+    return launch_local_cluster(num_ps, num_workers, task_flags, stop)
+  except KeyboardInterrupt:  # a second signal
+    print('local cluster: stopped by a second %s: every task was stopped, the chief '
+          'perhaps before it saved' % stop.name, flush=True)
+    return stop.exit_code

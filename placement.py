@@ -1,0 +1,119 @@
+"""Where the ops run: the towers' devices, the session's options, the GPU switches.
+
+Both trainers (multi_gpu_train.py and dist_train.py's workers) place their towers
+and open their sessions through these; the evaluation programs look for GPUs
+through list_gpus(). No flags are read here: settings arrive as arguments.
+"""
+import collections
+import contextlib
+import glob
+import os
+import re
+import sys
+import tempfile
+
+import tensorflow as tf
+
+
+def list_gpus():
+  """tf.config.list_physical_devices('GPU'), without one misleading line.
+
+  Call it first thing in a program: whatever first looks for GPUs prints the
+  line (absl's app.run does, through TensorFlow's start-up hooks).
+
+  On a machine with no NVIDIA driver (no /dev/nvidia* device), TensorFlow's CUDA
+  build prints `E0000 ... failed call to cuInit: ... UNKNOWN ERROR (303)` here: it
+  found no driver library, which is the normal state of such a machine. That one
+  line is held back there; every other line, and every line on a machine with a
+  driver, goes to stderr as TensorFlow wrote it.
+  """
+  if glob.glob('/dev/nvidia[0-9]*'):
+    return tf.config.list_physical_devices('GPU')
+  sys.stderr.flush()
+  saved_stderr = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      gpus = tf.config.list_physical_devices('GPU')
+    finally:
+      os.dup2(saved_stderr, 2)
+      os.close(saved_stderr)
+    captured.seek(0)
+    for line in captured.read().decode('utf-8', 'replace').splitlines(True):
+      if not re.search(r'failed call to cuInit: .*\(303\)', line):
+        sys.stderr.write(line)
+  return gpus
+
+
+def tower_devices(num_gpus):
+  """Device of each tower: /gpu:i when TensorFlow sees enough GPUs, else /cpu:i.
+
+  Returns:
+    (list of device strings, number of CPU devices the session must create,
+     a line for start-up saying where the towers run).
+  """
+  gpus = list_gpus()  # honours CUDA_VISIBLE_DEVICES
+  if len(gpus) >= num_gpus:
+    return (['/gpu:%d' % i for i in range(num_gpus)], 1,
+            'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
+  where = ('the tower runs on /cpu:0' if num_gpus == 1 else
+           'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
+           % (num_gpus, num_gpus - 1))
+  return (['/cpu:%d' % i for i in range(num_gpus)], num_gpus,
+          'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: %s'
+          % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus, where))
+
+
+def place(device, variables_device):
+  """Device function: variables on `variables_device`, every other op on `device`.
+
+  variables_device '' leaves variables to an enclosing device function, such as
+  replica_device_setter putting them on parameter servers. A device set by an
+  inner scope wins (the input's /cpu:0, SyncReplicasOptimizer's queues).
+  """
+  def place_op(op):
+    node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
+    if node_def.op in ('VarHandleOp', 'VariableV2'):
+      return variables_device
+    return node_def.device or device
+  return place_op
+
+
+SessionOptions = collections.namedtuple('SessionOptions', [
+    'log_device_placement',  # bool: log the device of every op
+    'allow_growth',          # bool: GPU memory as needed, not nearly all at start
+    'gpu_memory_fraction',   # float 0..1: cap on each GPU's memory; 0: none
+    'intra_op_threads',      # int: threads inside one op; 0: one per core
+    'inter_op_threads',      # int: ops run at once; 0: one per core
+], defaults=(False, False, 0.0, 0, 0))
+
+
+def session_config(num_cpu_devices=1, options=SessionOptions()):
+  """ConfigProto with soft placement, the virtual CPU devices and the GPU options."""
+  config = tf.compat.v1.ConfigProto(
+      allow_soft_placement=True,  # ops with no GPU kernel fall back to the CPU
+      log_device_placement=options.log_device_placement,
+      device_count={'CPU': num_cpu_devices},
+      intra_op_parallelism_threads=options.intra_op_threads,
+      inter_op_parallelism_threads=options.inter_op_threads)
+  config.gpu_options.allow_growth = options.allow_growth
+  if options.gpu_memory_fraction:
+    config.gpu_options.per_process_gpu_memory_fraction = options.gpu_memory_fraction
+  return config
+
+
+@contextlib.contextmanager
+def op_determinism():
+  """TensorFlow's deterministic GPU kernels, for one run.
+
+  The switch is process-wide; it is put back as it was at the end, so that an
+  unseeded run in the same process (a test, a notebook) does not inherit it.
+  """
+  from tensorflow.python.framework import config  # the public API can only switch it on
+  was_on = config.is_op_determinism_enabled()
+  tf.config.experimental.enable_op_determinism()
+  try:
+    yield
+  finally:
+    if not was_on:
+      config.disable_op_determinism()
