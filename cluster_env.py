@@ -1,0 +1,358 @@
+"""The training cluster and this task, from the environment the job runs in.
+
+dist_train.py's cluster is two jobs, 'ps' and 'worker', where worker 0 is the
+chief. The engines users already run describe their clusters in their own words;
+this module reads them with TensorFlow's own resolvers and says the same thing
+in dist_train.py's:
+
+    cluster = cluster_env.from_tf_config()       # Kubernetes (Kubeflow TFJob): TF_CONFIG
+    cluster = cluster_env.from_slurm(num_ps=1)   # Slurm: SLURM_PROCID, SLURM_STEP_*
+    print(cluster.description)
+    # cluster from TF_CONFIG: 1 ps, 1 chief, 2 workers, 1 evaluator; this task: worker 0
+    #   (dist_train.py's worker 1)
+    cluster_env.check_agrees(cluster, task_index=...)  # flags given as well must agree
+
+TF_CONFIG: the chief (type 'chief', or 'master', TFJob's older name for it)
+comes first in worker_hosts, then the 'worker' tasks, so that worker 0 is the
+chief; every task computes the same order, so every task's cluster spec is the
+same. Without a chief, TF_CONFIG's worker 0 leads. An 'evaluator' task only
+reads checkpoints: it is in no job of the training cluster.
+
+Slurm: one srun step starts every task; the first num_ps ranks (SLURM_PROCID) are
+the ps tasks, the rest the workers, the first of them the chief. Each task
+listens on port_base + its index among the tasks of its node.
+
+Errors are ClusterError, one line naming the variable, what is wrong and what to do.
+"""
+import collections
+import contextlib
+import json
+import os
+import shutil
+
+import tensorflow as tf
+# The resolver's own readers of Slurm's node and task lists, and its GPU count.
+from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
+
+SLURM_PORT_BASE = 8888   # a Slurm task listens on this + its index among its node's tasks
+TASK_TYPES = ('chief', 'master', 'worker', 'ps', 'evaluator')  # what TF_CONFIG may name
+SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS', 'SLURM_STEP_NODELIST',
+                   'SLURM_STEP_TASKS_PER_NODE')
+TF_CONFIG_EXAMPLE = ('{"cluster": {"ps": ["ps-0:2222"], "chief": ["chief-0:2222"], '
+                     '"worker": ["worker-0:2222"]}, "task": {"type": "worker", "index": 0}}')
+
+Cluster = collections.namedtuple('Cluster', [
+    'ps_hosts',      # ['host:port', ...], ps task i at [i]
+    'worker_hosts',  # ['host:port', ...], the chief first: worker 0
+    'job_name',      # 'ps', 'worker' or 'evaluator' (no training job: reads checkpoints)
+    'task_index',    # int: this task's index in job_name, in the numbering above
+    'source',        # 'TF_CONFIG' or 'Slurm'
+    'description',   # one line for start-up: the jobs, their sizes, this task
+])
+
+
+class ClusterError(Exception):
+  """The environment does not describe a cluster dist_train.py can run; one line."""
+
+
+# ---- Kubernetes: TF_CONFIG ------------------------------------------------------
+
+def from_tf_config(environ=os.environ):
+  """The cluster TF_CONFIG describes, or None when TF_CONFIG is unset or empty.
+
+  TF_CONFIG is JSON: {"cluster": {"ps": [...], "chief": [...], "worker": [...],
+  "evaluator": [...]}, "task": {"type": "worker", "index": 0}}, set for every
+  pod by Kubeflow's TFJob. Read by TensorFlow's TFConfigClusterResolver.
+
+  Args:
+    environ: the environment to read (a mapping); os.environ by default.
+
+  Returns:
+    A Cluster with source 'TF_CONFIG', or None.
+
+  Raises:
+    ClusterError: TF_CONFIG is not JSON, lacks "cluster" or "task", names an
+      unknown task type, two chiefs (or a chief and a master), no ps task, or
+      a task that is not in its job.
+  """
+  text = environ.get('TF_CONFIG', '')
+  if not text.strip():
+    return None
+  try:
+    config = json.loads(text)
+  except ValueError as e:
+    raise ClusterError('TF_CONFIG is not JSON (%s); set it to JSON such as %s, or unset it '
+                       'to give the cluster with flags' % (e, TF_CONFIG_EXAMPLE)) from None
+  if not isinstance(config, dict) or not config.get('cluster'):
+    raise ClusterError('TF_CONFIG has no "cluster": it must map each job to its host:port '
+                       'list, as in %s' % TF_CONFIG_EXAMPLE)
+  if not isinstance(config.get('task'), dict):
+    raise ClusterError('TF_CONFIG has no "task": it must say which task this is, e.g. '
+                       '"task": {"type": "worker", "index": 0}')
+  with _environment(environ, ['TF_CONFIG']):
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    try:
+      spec = resolver.cluster_spec()
+      task_type, task_id = resolver.task_type, resolver.task_id
+    except (TypeError, ValueError) as e:
+      raise ClusterError('TF_CONFIG cannot be read as a cluster (%s); give each job a list '
+                         'of "host:port" strings and the task an integer "index", as in %s'
+                         % (_one_line(e), TF_CONFIG_EXAMPLE)) from None
+  jobs = {}
+  for job in spec.jobs:
+    if job not in TASK_TYPES:
+      raise ClusterError('TF_CONFIG\'s "cluster" has a job %r that dist_train.py does not '
+                         'run; use %s' % (job, ', '.join(TASK_TYPES)))
+    jobs[job] = spec.job_tasks(job)
+    if None in jobs[job]:
+      raise ClusterError('TF_CONFIG\'s "cluster" job %r skips task indexes (%s); list its '
+                         'tasks 0, 1, ... in order' % (job, spec.as_dict()[job]))
+  chiefs = jobs.get('chief', []) + jobs.get('master', [])
+  if len(chiefs) > 1:
+    raise ClusterError('TF_CONFIG names %d chiefs (%s); a job has one chief: give one '
+                       'task of type "chief" (or "master", not both)'
+                       % (len(chiefs), ', '.join(chiefs)))
+  if not jobs.get('ps'):
+    raise ClusterError('TF_CONFIG\'s "cluster" has no "ps" task; dist_train.py keeps the '
+                       'variables on ps tasks: add a PS replica (at least 1)')
+  if not chiefs and not jobs.get('worker'):
+    raise ClusterError('TF_CONFIG\'s "cluster" has no "chief" and no "worker" task; add '
+                       'a Chief replica, or Worker replicas, to train')
+  if task_type is None or task_id is None:
+    raise ClusterError('TF_CONFIG\'s "task" lacks "%s": it must say which task this is, '
+                       'e.g. "task": {"type": "worker", "index": 0}'
+                       % ('type' if task_type is None else 'index'))
+  if task_type not in TASK_TYPES:
+    raise ClusterError('TF_CONFIG\'s task type %r is not one dist_train.py runs; use %s'
+                       % (task_type, ', '.join(TASK_TYPES)))
+  num_tasks = len(jobs.get(task_type, []))
+  in_cluster = task_type != 'evaluator' or 'evaluator' in jobs  # TFJob lists it or not
+  if task_id < 0 or (in_cluster and task_id >= num_tasks):
+    raise ClusterError('TF_CONFIG\'s task is %s %d, but "cluster" lists %d %s task(s)%s; '
+                       'fix the task index or the cluster' % (
+                           task_type, task_id, num_tasks, task_type,
+                           ' (0..%d)' % (num_tasks - 1) if num_tasks else ''))
+  worker_hosts = chiefs + jobs.get('worker', [])
+  if task_type in ('chief', 'master'):
+    job_name, task_index = 'worker', 0
+  elif task_type == 'worker':
+    job_name, task_index = 'worker', len(chiefs) + task_id
+  else:
+    job_name, task_index = task_type, task_id
+  counts = ['%d %s%s' % (len(jobs[job]), job, 's' * (job != 'ps' and len(jobs[job]) != 1))
+            for job in ('ps', 'chief', 'master', 'worker', 'evaluator') if jobs.get(job)]
+  this = '%s %d' % (task_type, task_id)
+  if job_name == 'worker' and (task_type, task_id) != ('worker', task_index):
+    this += ' (dist_train.py\'s worker %d%s)' % (task_index, ', the chief' * (task_index == 0))
+  elif job_name == 'worker' and task_index == 0:
+    this += ' (the chief)'
+  description = 'cluster from TF_CONFIG: %s; this task: %s' % (', '.join(counts), this)
+  return Cluster(jobs['ps'], worker_hosts, job_name, task_index, 'TF_CONFIG', description)
+
+
+# ---- Slurm ----------------------------------------------------------------------
+
+def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
+  """The cluster of this Slurm job step: num_ps ps tasks, then the workers.
+
+  Read by TensorFlow's SlurmClusterResolver with jobs {'ps': num_ps, 'worker':
+  SLURM_STEP_NUM_TASKS - num_ps}, from SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+  SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE. Ranks (SLURM_PROCID)
+  0..num_ps-1 are the ps tasks, num_ps is worker 0, the chief. Slurm's default
+  block distribution is assumed: consecutive ranks on a node, nodes in order.
+
+  GPUs. The resolver pairs each task of a node with a slot of GPUs and sets
+  CUDA_VISIBLE_DEVICES in the environment to this task's slot, counting a node's
+  GPUs with nvidia-smi. So:
+  - CUDA_VISIBLE_DEVICES unset and nvidia-smi found: the resolver shares the
+    node's GPUs evenly among its tasks (the ps tasks too) and sets
+    CUDA_VISIBLE_DEVICES. CALL THIS BEFORE ANYTHING ASKS TENSORFLOW FOR ITS
+    DEVICES (training_run.list_gpus(), tf.config, a Server, a Session): CUDA
+    reads CUDA_VISIBLE_DEVICES once, when TensorFlow first touches a GPU.
+  - CUDA_VISIBLE_DEVICES already set (srun --gpus-per-task, or by hand): Slurm
+    has chosen this task's GPUs; they are kept as they are.
+  - no nvidia-smi (a node without GPUs): nothing is set; the tasks use the CPU.
+
+  Args:
+    num_ps: int >= 1, ps tasks among the step's tasks.
+    port_base: int, the first task of each node listens on this port, the next
+      on port_base + 1, ...
+    environ: the environment to read (a mapping); os.environ by default. The
+      CUDA_VISIBLE_DEVICES the resolver sets is written to it.
+
+  Returns:
+    A Cluster with source 'Slurm'.
+
+  Raises:
+    ClusterError: a variable is missing or malformed, the step has fewer than
+      num_ps + 1 tasks, or a node has fewer GPUs than tasks.
+  """
+  if num_ps < 1:
+    raise ClusterError('--num_ps must be at least 1 for a Slurm cluster, got %d' % num_ps)
+  for name in SLURM_VARIABLES:
+    if not environ.get(name, '').strip():
+      raise ClusterError('%s is not set: start every task with one srun step inside the '
+                         'allocation (see deploy/slurm/train.sbatch); sbatch alone or '
+                         'salloc does not set it' % name)
+  num_tasks = _slurm_int(environ, 'SLURM_STEP_NUM_TASKS')
+  rank = _slurm_int(environ, 'SLURM_PROCID')
+  if num_tasks < num_ps + 1:
+    raise ClusterError('SLURM_STEP_NUM_TASKS is %d: too few tasks for --num_ps=%d ps tasks '
+                       'and at least 1 worker; ask srun for --ntasks=%d or more, or lower '
+                       '--num_ps' % (num_tasks, num_ps, num_ps + 1))
+  if not 0 <= rank < num_tasks:
+    raise ClusterError('SLURM_PROCID is %d, not a task of the step\'s '
+                       'SLURM_STEP_NUM_TASKS=%d (0..%d)' % (rank, num_tasks, num_tasks - 1))
+  nodelist = environ['SLURM_STEP_NODELIST']
+  try:
+    nodes = slurm_cluster_resolver.expand_hostlist(nodelist)
+  except ValueError:
+    raise ClusterError('SLURM_STEP_NODELIST=%r is not a Slurm host list such as '
+                       'node[01-04],gpu7; run the tasks under srun, which sets it'
+                       % nodelist) from None
+  per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
+  try:
+    tasks_per_node = slurm_cluster_resolver.expand_tasks_per_node(per_node_text)
+  except ValueError:
+    raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r is not a Slurm task count list such '
+                       'as 2(x3),1; run the tasks under srun, which sets it'
+                       % per_node_text) from None
+  if (len(nodes) != len(tasks_per_node) or len(set(nodes)) != len(nodes) or
+      sum(tasks_per_node) != num_tasks):
+    raise ClusterError('SLURM_STEP_NODELIST=%r (%d nodes) and SLURM_STEP_TASKS_PER_NODE=%r '
+                       '(%d tasks) do not describe the SLURM_STEP_NUM_TASKS=%d tasks of one '
+                       'step; run the tasks under one srun, which sets them together' % (
+                           nodelist, len(nodes), per_node_text, sum(tasks_per_node),
+                           num_tasks))
+  gpus = _slurm_gpus(environ, max(tasks_per_node))
+  with _environment(environ, SLURM_VARIABLES + ('CUDA_VISIBLE_DEVICES', 'PATH')):
+    try:
+      resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+          jobs={'ps': num_ps, 'worker': num_tasks - num_ps}, port_base=port_base, **gpus)
+      spec = resolver.cluster_spec()  # sets CUDA_VISIBLE_DEVICES when it shares out GPUs
+    except (RuntimeError, ValueError) as e:
+      raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r: TensorFlow\'s SlurmClusterResolver '
+                         'cannot place the tasks (%s); run the tasks under one srun'
+                         % (per_node_text, _one_line(e))) from None
+    job_name, task_index = resolver.get_task_info()
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if environ is not os.environ and visible is not None:
+    environ['CUDA_VISIBLE_DEVICES'] = visible
+  num_workers = num_tasks - num_ps
+  if gpus.get('auto_set_gpu', True):
+    gpu_note = 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
+  elif 'CUDA_VISIBLE_DEVICES' in environ:
+    gpu_note = 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
+  else:
+    gpu_note = 'no GPUs (no nvidia-smi)'
+  description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
+                 'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
+                     num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
+                     's' * (len(nodes) != 1), nodelist, job_name, task_index,
+                     ' (the chief)' * (job_name == 'worker' and task_index == 0), rank,
+                     gpu_note))
+  return Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
+                 'Slurm', description)
+
+
+def _slurm_int(environ, name):
+  try:
+    return int(environ[name])
+  except ValueError:
+    raise ClusterError('%s=%r is not a whole number; run the tasks under srun, which sets '
+                       'it' % (name, environ[name])) from None
+
+
+def _slurm_gpus(environ, max_tasks_per_node):
+  """SlurmClusterResolver's GPU arguments for this node: kwargs.
+
+  The resolver pairs each task of a node with a slot of gpus_per_task GPUs, and
+  drops the tasks left without one (or fails when gpus_per_task is 0). Where
+  there is nothing to share out, one pretend slot per task keeps every task and
+  auto_set_gpu=False leaves CUDA_VISIBLE_DEVICES alone.
+  """
+  slots_only = dict(gpus_per_node=max_tasks_per_node, gpus_per_task=1, auto_set_gpu=False)
+  if 'CUDA_VISIBLE_DEVICES' in environ:  # Slurm's --gpus-per-task, or the user, chose
+    return slots_only
+  if not shutil.which('nvidia-smi', path=environ.get('PATH')):  # the resolver would fail
+    return slots_only
+  with _environment(environ, ['PATH']):
+    try:
+      num_gpus = slurm_cluster_resolver.get_num_gpus()  # runs nvidia-smi --list-gpus
+    except (OSError, RuntimeError) as e:
+      raise ClusterError('nvidia-smi --list-gpus failed (%s); set CUDA_VISIBLE_DEVICES for '
+                         'each task (srun --gpus-per-task=N does), or fix the driver'
+                         % _one_line(e)) from None
+  if num_gpus == 0:
+    return slots_only
+  if num_gpus < max_tasks_per_node:
+    raise ClusterError('SLURM_STEP_TASKS_PER_NODE puts %d tasks on a node with %d GPUs, and '
+                       'TensorFlow\'s SlurmClusterResolver gives every task at least one; '
+                       'run at most %d tasks per node (srun --ntasks-per-node), or let Slurm '
+                       'choose each task\'s GPUs (srun --gpus-per-task=1)'
+                       % (max_tasks_per_node, num_gpus, num_gpus))
+  return dict(gpus_per_node=num_gpus)
+
+
+# ---- Flags given alongside --------------------------------------------------------
+
+def check_agrees(cluster, job_name=None, task_index=None, ps_hosts=None, worker_hosts=None):
+  """Raises ClusterError when a flag given with an environment cluster contradicts it.
+
+  Pass only the flags the user gave (None, '' or [] for the others): each is
+  compared with what the environment says.
+
+  Args:
+    cluster: a Cluster from from_tf_config() or from_slurm().
+    job_name: str or None, --job_name.
+    task_index: int or None, --task_index.
+    ps_hosts, worker_hosts: 'h:p,h:p' or ['h:p', ...], or None.
+  """
+  said = {'TF_CONFIG': {'task': 'TF_CONFIG', 'hosts': 'TF_CONFIG'},
+          'Slurm': {'task': 'Slurm (SLURM_PROCID)',
+                    'hosts': 'Slurm (SLURM_STEP_NODELIST)'}}[cluster.source]
+  if job_name and job_name != cluster.job_name:
+    raise ClusterError('--job_name=%s disagrees with %s, which makes this task %s %d; drop '
+                       '--job_name' % (job_name, said['task'], cluster.job_name,
+                                       cluster.task_index))
+  if task_index is not None and task_index != cluster.task_index:
+    raise ClusterError('--task_index=%d disagrees with %s, which makes this task %s %d; '
+                       'drop --task_index' % (task_index, said['task'], cluster.job_name,
+                                              cluster.task_index))
+  for flag_name, given, found in (('ps_hosts', ps_hosts, cluster.ps_hosts),
+                                  ('worker_hosts', worker_hosts, cluster.worker_hosts)):
+    if isinstance(given, str):
+      given = [host.strip() for host in given.split(',') if host.strip()]
+    if given and list(given) != list(found):
+      raise ClusterError('--%s=%s disagrees with %s, which gives %s; drop --%s'
+                         % (flag_name, ','.join(given), said['hosts'], ','.join(found),
+                            flag_name))
+
+
+# ---- Helpers --------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _environment(environ, names):
+  """Gives os.environ environ's values of `names` for the block; TensorFlow's
+  resolvers read os.environ only. Nothing changes when environ is os.environ."""
+  if environ is os.environ:
+    yield
+    return
+  saved = {name: os.environ.get(name) for name in names}
+  try:
+    for name in names:
+      if name in environ:
+        os.environ[name] = environ[name]
+      else:
+        os.environ.pop(name, None)
+    yield
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
+
+
+def _one_line(e):
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
