@@ -1,0 +1,257 @@
+"""cluster_env.py: the cluster from TF_CONFIG (Kubernetes) and from Slurm's variables.
+
+Each test hands the module an environment written by hand, the way TFJob or
+srun would set it, and checks the cluster dist_train.py would build from it.
+"""
+import json
+import os
+import stat
+
+import pytest
+
+import cluster_env
+
+PS, CHIEF, W0, W1, EVAL = 'ps-0:2222', 'chief-0:2222', 'worker-0:2222', 'worker-1:2222', 'ev-0:2222'
+
+
+def tf_config(cluster, task_type, index):
+  return {'TF_CONFIG': json.dumps({'cluster': cluster,
+                                   'task': {'type': task_type, 'index': index}})}
+
+
+def slurm(procid, tmp_path, num_tasks=3, nodelist='node7', tasks_per_node='3', **more):
+  """srun's variables for one task; PATH holds only tmp_path/bin (no nvidia-smi there)."""
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir(exist_ok=True)
+  env = {'SLURM_PROCID': str(procid), 'SLURM_STEP_NUM_TASKS': str(num_tasks),
+         'SLURM_STEP_NODELIST': nodelist, 'SLURM_STEP_TASKS_PER_NODE': tasks_per_node,
+         'PATH': str(bin_dir)}
+  env.update(more)
+  return env
+
+
+def fake_nvidia_smi(tmp_path, num_gpus):
+  """A `nvidia-smi` on tmp_path/bin that lists num_gpus GPUs, as --list-gpus does."""
+  path = tmp_path / 'bin' / 'nvidia-smi'
+  path.parent.mkdir(exist_ok=True)
+  lines = ''.join('echo "GPU %d: Tesla T4 (UUID: GPU-%d)"\n' % (i, i) for i in range(num_gpus))
+  path.write_text('#!/bin/sh\n' + lines)
+  path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+# ---- TF_CONFIG ------------------------------------------------------------------
+
+def test_from_tf_config_unset_or_empty_is_none():
+  assert cluster_env.from_tf_config({}) is None
+  assert cluster_env.from_tf_config({'TF_CONFIG': ''}) is None
+  assert cluster_env.from_tf_config({'TF_CONFIG': '  '}) is None
+
+
+def test_from_tf_config_chief_and_workers_chief_is_worker_0():
+  jobs = {'ps': [PS], 'chief': [CHIEF], 'worker': [W0, W1], 'evaluator': [EVAL]}
+  cluster = cluster_env.from_tf_config(tf_config(jobs, 'worker', 0))
+  assert cluster == cluster_env.Cluster(
+      [PS], [CHIEF, W0, W1], 'worker', 1, 'TF_CONFIG',
+      'cluster from TF_CONFIG: 1 ps, 1 chief, 2 workers, 1 evaluator; this task: worker 0 '
+      '(dist_train.py\'s worker 1)')
+  chief = cluster_env.from_tf_config(tf_config(jobs, 'chief', 0))
+  assert (chief.job_name, chief.task_index) == ('worker', 0)
+  assert chief.description.endswith('this task: chief 0 (dist_train.py\'s worker 0, the chief)')
+
+
+def test_from_tf_config_master_is_the_chief():
+  jobs = {'ps': [PS], 'master': [CHIEF], 'worker': [W0]}
+  master = cluster_env.from_tf_config(tf_config(jobs, 'master', 0))
+  assert master[:4] == ([PS], [CHIEF, W0], 'worker', 0)
+  worker = cluster_env.from_tf_config(tf_config(jobs, 'worker', 0))
+  assert worker[:4] == ([PS], [CHIEF, W0], 'worker', 1)
+
+
+def test_from_tf_config_no_chief_worker_0_leads():
+  jobs = {'ps': [PS], 'worker': [W0, W1]}
+  first = cluster_env.from_tf_config(tf_config(jobs, 'worker', 0))
+  second = cluster_env.from_tf_config(tf_config(jobs, 'worker', 1))
+  assert first[:4] == ([PS], [W0, W1], 'worker', 0)
+  assert second[:4] == ([PS], [W0, W1], 'worker', 1)
+  assert first.description == ('cluster from TF_CONFIG: 1 ps, 2 workers; this task: '
+                               'worker 0 (the chief)')
+
+
+def test_from_tf_config_every_task_same_hosts_distinct_indexes():
+  jobs = {'ps': [PS, 'ps-1:2222'], 'chief': [CHIEF], 'worker': [W0, W1]}
+  tasks = [('ps', 0), ('ps', 1), ('chief', 0), ('worker', 0), ('worker', 1)]
+  clusters = [cluster_env.from_tf_config(tf_config(jobs, t, i)) for t, i in tasks]
+  assert {(tuple(c.ps_hosts), tuple(c.worker_hosts)) for c in clusters} == {
+      ((PS, 'ps-1:2222'), (CHIEF, W0, W1))}
+  assert [(c.job_name, c.task_index) for c in clusters] == [
+      ('ps', 0), ('ps', 1), ('worker', 0), ('worker', 1), ('worker', 2)]
+
+
+@pytest.mark.parametrize('listed', [False, True], ids=['not_listed', 'listed'])
+def test_from_tf_config_evaluator_outside_training_cluster(listed):
+  # TFJob leaves the evaluator out of "cluster"; TensorFlow's own examples too.
+  jobs = {'ps': [PS], 'chief': [CHIEF], 'worker': [W0]}
+  if listed:
+    jobs['evaluator'] = [EVAL]
+  cluster = cluster_env.from_tf_config(tf_config(jobs, 'evaluator', 0))
+  assert cluster[:4] == ([PS], [CHIEF, W0], 'evaluator', 0)
+  assert EVAL not in cluster.worker_hosts
+  assert cluster.description.endswith('this task: evaluator 0')
+
+
+GOOD = {'ps': [PS], 'worker': [W0]}
+
+
+@pytest.mark.parametrize('text, named', [
+    ('{"cluster": ', 'is not JSON'),
+    ('["ps-0:2222"]', 'has no "cluster"'),
+    (json.dumps({'task': {'type': 'worker', 'index': 0}}), 'has no "cluster"'),
+    (json.dumps({'cluster': GOOD}), 'has no "task"'),
+    (json.dumps({'cluster': GOOD, 'task': {'type': 'worker', 'index': 1}}),
+     'task is worker 1, but "cluster" lists 1 worker task(s) (0..0)'),
+    (json.dumps({'cluster': GOOD, 'task': {'type': 'ps', 'index': -1}}), 'task is ps -1'),
+    (json.dumps({'cluster': GOOD, 'task': {'type': 'boss', 'index': 0}}),
+     'task type \'boss\' is not one'),
+    (json.dumps({'cluster': dict(GOOD, boss=['b:1']), 'task': {'type': 'worker', 'index': 0}}),
+     'has a job \'boss\''),
+    (json.dumps({'cluster': dict(GOOD, chief=['c:1'], master=['m:1']),
+                 'task': {'type': 'worker', 'index': 0}}), 'names 2 chiefs (c:1, m:1)'),
+    (json.dumps({'cluster': dict(GOOD, chief=['c:1', 'd:1']),
+                 'task': {'type': 'chief', 'index': 0}}), 'names 2 chiefs'),
+    (json.dumps({'cluster': {'worker': [W0]}, 'task': {'type': 'worker', 'index': 0}}),
+     'has no "ps" task'),
+    (json.dumps({'cluster': GOOD, 'task': {'index': 0}}), 'lacks "type"'),
+    (json.dumps({'cluster': GOOD, 'task': {'type': 'worker'}}), 'lacks "index"'),
+    (json.dumps({'cluster': GOOD, 'task': {'type': 'worker', 'index': 'one'}}),
+     'cannot be read as a cluster'),
+    (json.dumps({'cluster': {'ps': [PS], 'worker': W0},
+                 'task': {'type': 'worker', 'index': 0}}), 'cannot be read as a cluster'),
+    (json.dumps({'cluster': {'ps': [PS], 'worker': {'0': W0, '2': W1}},
+                 'task': {'type': 'worker', 'index': 0}}), 'skips task indexes'),
+], ids=['not_json', 'not_object', 'no_cluster', 'no_task', 'index_past_end', 'index_negative',
+        'unknown_type', 'unknown_job', 'chief_and_master', 'two_chiefs', 'no_ps', 'no_type',
+        'no_index', 'index_not_int', 'hosts_not_list', 'sparse_indexes'])
+def test_from_tf_config_broken_raises_one_line_naming_tf_config(text, named):
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_tf_config({'TF_CONFIG': text})
+  message = str(raised.value)
+  assert message.startswith('TF_CONFIG')
+  assert named in message
+  assert '\n' not in message
+
+
+# ---- Slurm ----------------------------------------------------------------------
+
+def test_from_slurm_one_node_three_tasks_no_gpus_ps_then_chief_then_worker(tmp_path):
+  environs = [slurm(rank, tmp_path) for rank in range(3)]
+  before = os.environ.get('CUDA_VISIBLE_DEVICES')
+  clusters = [cluster_env.from_slurm(1, environ=env) for env in environs]
+  hosts = (['node7:8888'], ['node7:8889', 'node7:8890'])
+  assert [c[:5] for c in clusters] == [hosts + ('ps', 0, 'Slurm'),
+                                       hosts + ('worker', 0, 'Slurm'),
+                                       hosts + ('worker', 1, 'Slurm')]
+  assert clusters[1].description == (
+      'cluster from Slurm (SLURM_*): 1 ps, 2 workers on 1 node (node7); this task: '
+      'worker 0, the chief (SLURM_PROCID=1); no GPUs (no nvidia-smi)')
+  # Without nvidia-smi nothing is set, here or in this process's environment.
+  assert all('CUDA_VISIBLE_DEVICES' not in env for env in environs)
+  assert os.environ.get('CUDA_VISIBLE_DEVICES') == before
+
+
+def test_from_slurm_two_nodes_ports_count_per_node(tmp_path):
+  env = slurm(3, tmp_path, num_tasks=4, nodelist='n[1-2]', tasks_per_node='2(x2)')
+  cluster = cluster_env.from_slurm(1, port_base=9000, environ=env)
+  assert cluster[:4] == (['n1:9000'], ['n1:9001', 'n2:9000', 'n2:9001'], 'worker', 2)
+
+
+def test_from_slurm_nvidia_smi_finds_gpus_resolver_sets_this_tasks(tmp_path):
+  fake_nvidia_smi(tmp_path, 4)
+  env = slurm(2, tmp_path)
+  before = os.environ.get('CUDA_VISIBLE_DEVICES')
+  cluster = cluster_env.from_slurm(1, environ=env)
+  # 4 GPUs // 3 tasks: one each, in rank order; this is rank 2.
+  assert env['CUDA_VISIBLE_DEVICES'] == '2'
+  assert cluster.description.endswith('CUDA_VISIBLE_DEVICES=2 set by the resolver')
+  assert os.environ.get('CUDA_VISIBLE_DEVICES') == before
+
+
+def test_from_slurm_fewer_gpus_than_tasks_raises_naming_tasks_per_node(tmp_path):
+  fake_nvidia_smi(tmp_path, 2)
+  with pytest.raises(cluster_env.ClusterError, match=r'^SLURM_STEP_TASKS_PER_NODE puts 3 '
+                     r'tasks on a node with 2 GPUs'):
+    cluster_env.from_slurm(1, environ=slurm(0, tmp_path))
+
+
+def test_from_slurm_cuda_visible_devices_set_by_slurm_kept(tmp_path):
+  fake_nvidia_smi(tmp_path, 4)
+  env = slurm(1, tmp_path, CUDA_VISIBLE_DEVICES='3')  # srun --gpus-per-task=1
+  cluster = cluster_env.from_slurm(1, environ=env)
+  assert env['CUDA_VISIBLE_DEVICES'] == '3'
+  assert cluster.description.endswith('CUDA_VISIBLE_DEVICES=3 as Slurm set it')
+
+
+@pytest.mark.parametrize('change, num_ps, named', [
+    ({'SLURM_PROCID': None}, 1, 'SLURM_PROCID is not set'),
+    ({'SLURM_STEP_NUM_TASKS': None}, 1, 'SLURM_STEP_NUM_TASKS is not set'),
+    ({'SLURM_STEP_NODELIST': None}, 1, 'SLURM_STEP_NODELIST is not set'),
+    ({'SLURM_STEP_TASKS_PER_NODE': None}, 1, 'SLURM_STEP_TASKS_PER_NODE is not set'),
+    ({}, 3, 'SLURM_STEP_NUM_TASKS is 3: too few tasks for --num_ps=3'),
+    ({'SLURM_STEP_NUM_TASKS': 'three'}, 1, 'SLURM_STEP_NUM_TASKS=\'three\' is not a whole'),
+    ({'SLURM_PROCID': '5'}, 1, 'SLURM_PROCID is 5, not a task'),
+    ({'SLURM_STEP_NODELIST': 'node[1-'}, 1, 'SLURM_STEP_NODELIST=\'node[1-\' is not'),
+    ({'SLURM_STEP_TASKS_PER_NODE': 'x3'}, 1, 'SLURM_STEP_TASKS_PER_NODE=\'x3\' is not'),
+    ({'SLURM_STEP_TASKS_PER_NODE': '2'}, 1, 'SLURM_STEP_NODELIST=\'node7\' (1 nodes) and '
+     'SLURM_STEP_TASKS_PER_NODE=\'2\' (2 tasks)'),
+], ids=['no_procid', 'no_num_tasks', 'no_nodelist', 'no_tasks_per_node', 'too_few_tasks',
+        'num_tasks_not_int', 'procid_past_end', 'bad_nodelist', 'bad_tasks_per_node',
+        'counts_disagree'])
+def test_from_slurm_broken_raises_one_line_naming_variable(tmp_path, change, num_ps, named):
+  env = slurm(0, tmp_path)
+  for name, value in change.items():
+    if value is None:
+      del env[name]
+    else:
+      env[name] = value
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_slurm(num_ps, environ=env)
+  message = str(raised.value)
+  assert message.startswith(named)
+  assert '\n' not in message
+
+
+# ---- Flags given alongside ------------------------------------------------------
+
+def test_check_agrees_same_values_pass():
+  cluster = cluster_env.from_tf_config(
+      tf_config({'ps': [PS], 'chief': [CHIEF], 'worker': [W0]}, 'worker', 0))
+  cluster_env.check_agrees(cluster)
+  cluster_env.check_agrees(cluster, job_name='worker', task_index=1, ps_hosts=PS,
+                           worker_hosts=[CHIEF, W0])
+
+
+@pytest.mark.parametrize('flag, expected', [
+    (dict(job_name='ps'), '--job_name=ps disagrees with TF_CONFIG, which makes this task '
+                          'worker 1; drop --job_name'),
+    (dict(task_index=0), '--task_index=0 disagrees with TF_CONFIG, which makes this task '
+                         'worker 1; drop --task_index'),
+    (dict(ps_hosts='10.0.0.1:2222'), '--ps_hosts=10.0.0.1:2222 disagrees with TF_CONFIG, '
+                                     'which gives ps-0:2222; drop --ps_hosts'),
+    (dict(worker_hosts=[W0, CHIEF]), '--worker_hosts=worker-0:2222,chief-0:2222 disagrees '
+                                     'with TF_CONFIG, which gives chief-0:2222,worker-0:2222; '
+                                     'drop --worker_hosts'),
+], ids=['job_name', 'task_index', 'ps_hosts', 'worker_hosts_order'])
+def test_check_agrees_tf_config_disagreeing_flag_raises_naming_both(flag, expected):
+  cluster = cluster_env.from_tf_config(
+      tf_config({'ps': [PS], 'chief': [CHIEF], 'worker': [W0]}, 'worker', 0))
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.check_agrees(cluster, **flag)
+  assert str(raised.value) == expected
+
+
+def test_check_agrees_slurm_disagreeing_task_index_names_slurm_procid(tmp_path):
+  cluster = cluster_env.from_slurm(1, environ=slurm(2, tmp_path))
+  with pytest.raises(cluster_env.ClusterError, match=r'^--task_index=0 disagrees with Slurm '
+                     r'\(SLURM_PROCID\), which makes this task worker 1; drop --task_index$'):
+    cluster_env.check_agrees(cluster, task_index=0)
+  with pytest.raises(cluster_env.ClusterError, match=r'SLURM_STEP_NODELIST'):
+    cluster_env.check_agrees(cluster, ps_hosts='node7:2222')
