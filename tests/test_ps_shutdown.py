@@ -1,0 +1,143 @@
+"""ps_shutdown.py: real TensorFlow servers on 127.0.0.1 in this process.
+
+Each test starts its own servers on free loopback ports (a server cannot be
+stopped in-process, and a fresh one holds a fresh queue); a ps task waits in a
+thread while worker servers report, as their processes would at the end.
+"""
+import socket
+import threading
+import time
+
+import pytest
+import tensorflow as tf
+
+import ps_shutdown
+
+WAIT_SECS = 15  # a wait that should end long before this has failed
+
+
+def free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(('127.0.0.1', 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def start_cluster(num_ps, num_workers):
+  """(ps servers, worker servers) of one cluster on 127.0.0.1."""
+  ports = free_ports(num_ps + num_workers)
+  cluster = tf.train.ClusterSpec({
+      'ps': ['127.0.0.1:%d' % p for p in ports[:num_ps]],
+      'worker': ['127.0.0.1:%d' % p for p in ports[num_ps:]]})
+  ps = [tf.compat.v1.train.Server(cluster, job_name='ps', task_index=i) for i in range(num_ps)]
+  workers = [tf.compat.v1.train.Server(cluster, job_name='worker', task_index=i)
+             for i in range(num_workers)]
+  return ps, workers
+
+
+class Waiting:
+  """wait_for_workers on a thread: .result, .elapsed and the lines it logged."""
+
+  def __init__(self, server, ps_index, num_workers, **kwargs):
+    self.lines, self.result, self.elapsed = [], None, None
+    self._thread = threading.Thread(target=self._wait, daemon=True,
+                                    args=(server, ps_index, num_workers), kwargs=kwargs)
+    self._start = time.time()
+    self._thread.start()
+
+  def _wait(self, *args, **kwargs):
+    self.result = ps_shutdown.wait_for_workers(*args, log=self.lines.append, poll_secs=0.1,
+                                               **kwargs)
+    self.elapsed = time.time() - self._start
+
+  def join(self, timeout=WAIT_SECS):
+    self._thread.join(timeout)
+    assert not self._thread.is_alive(), 'still waiting after %d s: %s' % (timeout, self.lines)
+    return self.result
+
+
+def test_wait_for_workers_two_workers_report_every_ps_returns_all():
+  ps, workers = start_cluster(num_ps=2, num_workers=2)
+  waits = [Waiting(ps[i], i, 2, grace_secs=60) for i in range(2)]
+  assert ps_shutdown.report_finished(workers[1].target, 2, 1, timeout_secs=WAIT_SECS)
+  time.sleep(0.5)
+  assert all(w.result is None for w in waits)  # worker 1 alone ends nothing
+  assert ps_shutdown.report_finished(workers[0].target, 2, 0, timeout_secs=WAIT_SECS)
+  for i, wait in enumerate(waits):
+    assert wait.join() == ps_shutdown.WorkersSeen([0, 1], 'all')
+    assert wait.lines == ['ps task %d: worker 1 has finished (1 of 2)' % i,
+                          'ps task %d: worker 0 has finished (2 of 2)' % i]
+    assert wait.elapsed < 30  # not the chief's grace: every worker said so
+
+
+def test_wait_for_workers_chief_only_returns_after_grace():
+  ps, workers = start_cluster(num_ps=1, num_workers=3)
+  wait = Waiting(ps[0], 0, 3, grace_secs=2)
+  reported_at = time.time()
+  assert ps_shutdown.report_finished(workers[0].target, 1, 0, timeout_secs=WAIT_SECS)
+  assert wait.join() == ps_shutdown.WorkersSeen([0], 'grace')
+  assert time.time() - reported_at >= 2
+  assert wait.lines == ['ps task 0: worker 0 has finished (1 of 3)',
+                        'ps task 0: the chief finished 2 s ago; worker(s) 1,2 have not said '
+                        'so: ending']
+
+
+def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker_once():
+  ps, workers = start_cluster(num_ps=1, num_workers=2)
+  stop = threading.Event()
+  wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop.is_set)
+  for _ in range(2):  # a restarted worker 1 says it twice
+    assert ps_shutdown.report_finished(workers[1].target, 1, 1, timeout_secs=WAIT_SECS)
+  time.sleep(1)
+  assert wait.result is None  # no chief: no grace period starts
+  stop.set()
+  assert wait.join() == ps_shutdown.WorkersSeen([1], 'stopped')
+  assert wait.lines == ['ps task 0: worker 1 has finished (1 of 2)']
+
+
+def test_wait_for_workers_report_before_ps_waits_is_kept():
+  ps, workers = start_cluster(num_ps=1, num_workers=1)
+  assert ps_shutdown.report_finished(workers[0].target, 1, 0, timeout_secs=WAIT_SECS)
+  wait = Waiting(ps[0], 0, 1)
+  assert wait.join() == ps_shutdown.WorkersSeen([0], 'all')
+
+
+def test_report_finished_ps_gone_returns_false_within_timeout():
+  # The ps port is free: nothing listens, as after the ps task has ended.
+  ps_port, worker_port = free_ports(2)
+  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:%d' % ps_port],
+                                  'worker': ['127.0.0.1:%d' % worker_port]})
+  worker = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=0)
+  start = time.time()
+  assert ps_shutdown.report_finished(worker.target, 1, 0, timeout_secs=2) is False
+  assert 2 <= time.time() - start < 5
+
+
+def test_finished_op_under_replica_device_setter_placed_on_each_ps():
+  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1', '127.0.0.1:2'],
+                                  'worker': ['127.0.0.1:3', '127.0.0.1:4']})
+  with tf.Graph().as_default() as graph:
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device='/job:worker/task:1')):
+      tf.compat.v1.get_variable('w', [1])  # what replica_device_setter is for
+      done = ps_shutdown.finished_op(2, 1)
+  enqueues = [op for op in graph.get_operations() if op.type == 'QueueEnqueueV2']
+  queues = [op for op in graph.get_operations() if op.type == 'FIFOQueueV2']
+  where = lambda op: (tf.DeviceSpec.from_string(op.device).job,
+                      tf.DeviceSpec.from_string(op.device).task)
+  assert sorted(map(where, enqueues)) == [('ps', 0), ('ps', 1)]
+  assert sorted(map(where, queues)) == [('ps', 0), ('ps', 1)]  # on the ps's CPU
+  assert sorted(op.get_attr('shared_name') for op in queues) == [
+      b'finished_workers_ps0', b'finished_workers_ps1']
+  assert queues[0].get_attr('capacity') == -1  # no limit: an enqueue never waits
+  # tf.group makes one NoOp per device; running `done` runs both enqueues.
+  needed, todo = set(), [done]
+  while todo:
+    op = todo.pop()
+    needed.add(op.name)
+    todo.extend(op.control_inputs)
+  assert {op.name for op in enqueues} <= needed
