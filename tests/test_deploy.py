@@ -1,0 +1,140 @@
+"""deploy/: the TFJob manifest and the Slurm script name only flags the programs take.
+
+PyYAML is not a dependency: a small reader takes each replica's `command:` list
+from the manifest, which is written as plain block lists for that reason.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TFJOB = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob.yaml')
+SBATCH = os.path.join(ROOT, 'deploy', 'slurm', 'train.sbatch')
+DOCKERFILE = os.path.join(ROOT, 'deploy', 'kubernetes', 'Dockerfile')
+# added with the TF_CONFIG/Slurm integration
+NEW_DIST_TRAIN_FLAGS = {'cluster', 'num_ps', 'slurm_port_base'}
+FLAG = re.compile(r'^--(?:no)?([a-z_0-9]+)(?:=|$)')
+
+
+def replica_specs(text):
+  """{'PS': {'command': [...], 'restartPolicy': 'ExitCode', 'container': 'tensorflow'}, ...}"""
+  specs, current, in_command, command_indent = {}, None, False, 0
+  for line in text.splitlines():
+    stripped = line.split(' #')[0].rstrip() if not line.lstrip().startswith('#') else ''
+    if not stripped:
+      continue
+    indent = len(stripped) - len(stripped.lstrip())
+    replica = re.match(r'^    (PS|Chief|Master|Worker|Evaluator):$', stripped)
+    if replica:
+      current = specs.setdefault(replica.group(1), {'command': []})
+      in_command = False
+      continue
+    if current is None:
+      continue
+    if in_command:
+      item = re.match(r'^\s*- (.+)$', stripped)
+      if item and indent >= command_indent:
+        current['command'].append(item.group(1).strip('"\''))
+        continue
+      in_command = False
+    key = re.match(r'^\s*(?:- )?(\w+): *(.*)$', stripped)
+    if key and key.group(1) == 'command':
+      in_command, command_indent = True, indent
+    elif key and key.group(1) == 'restartPolicy':
+      current['restartPolicy'] = key.group(2)
+    elif key and key.group(1) == 'name' and stripped.lstrip().startswith('- name:'):
+      current.setdefault('container', key.group(2))
+  return specs
+
+
+def sbatch_command(text):
+  """The srun line's argv, continuation lines joined, from `python` on."""
+  joined = re.sub(r'\\\n', ' ', text)
+  line = next(l for l in joined.splitlines() if l.strip().startswith('srun '))
+  words = line.split()
+  return words[words.index('python'):]
+
+
+def flags_of(argv):
+  return [FLAG.match(word).group(1) for word in argv if word.startswith('--')]
+
+
+@pytest.fixture(scope='module')
+def known_flags():
+  """{'dist_train.py': its flag names, 'cifar10_eval.py': its flag names}."""
+  # cifar10_eval.py defines --data_dir and others again: its own process, started
+  # first so that it imports TensorFlow while this process does.
+  evaluator = subprocess.Popen(
+      [sys.executable, '-c', 'import cifar10_eval; from absl import flags; '
+       'print("\\n".join(flags.FLAGS))'],
+      cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  from absl import flags
+  import dist_train  # defines its flags, and multi_gpu_train's, in absl's FLAGS
+  del dist_train
+  out, _ = evaluator.communicate(timeout=120)
+  assert evaluator.returncode == 0
+  return {'dist_train.py': set(flags.FLAGS) | NEW_DIST_TRAIN_FLAGS,
+          'cifar10_eval.py': set(out.split())}
+
+
+def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
+  with open(TFJOB) as f:
+    text = f.read()
+  assert re.search(r'^apiVersion: kubeflow.org/v1\nkind: TFJob$', text, re.M)
+  specs = replica_specs(text)
+  assert sorted(specs) == ['Chief', 'Evaluator', 'PS', 'Worker']
+  for name, spec in specs.items():
+    assert spec['restartPolicy'] == 'ExitCode', name
+    assert spec['container'] == 'tensorflow', name  # the operator's TF_CONFIG goes there
+  assert [specs[n]['command'][:2] for n in ('PS', 'Chief', 'Worker')] == [
+      ['python', 'dist_train.py']] * 3
+  assert specs['Evaluator']['command'][:2] == ['python', 'cifar10_eval.py']
+  for name in ('Chief', 'Worker'):  # the chief writes, the evaluator reads, the same dir
+    assert '--train_dir=/shared/train' in specs[name]['command']
+  assert '--checkpoint_dir=/shared/train' in specs['Evaluator']['command']
+
+
+def test_tfjob_manifest_names_only_flags_the_programs_take(known_flags):
+  with open(TFJOB) as f:
+    specs = replica_specs(f.read())
+  for name, spec in specs.items():
+    known = known_flags[spec['command'][1]]
+    named = flags_of(spec['command'])
+    assert named, name
+    assert [flag for flag in named if flag not in known] == [], name
+
+
+def test_sbatch_script_one_srun_step_names_only_dist_train_flags(known_flags):
+  with open(SBATCH) as f:
+    text = f.read()
+  assert len(re.findall(r'^\s*srun ', text, re.M)) == 1
+  argv = sbatch_command(text)
+  assert argv[:4] == ['python', 'dist_train.py', '--cluster=slurm', '--num_ps=1']
+  assert [flag for flag in flags_of(argv) if flag not in known_flags['dist_train.py']] == []
+
+
+def test_flag_reader_catches_an_unknown_flag(known_flags):
+  # The checks above would pass on anything if the reader found no flags.
+  argv = sbatch_command('srun --label \\\n  python dist_train.py --num_gpu=4 --train_dir=/x\n')
+  assert flags_of(argv) == ['num_gpu', 'train_dir']
+  assert 'num_gpu' not in known_flags['dist_train.py']
+  assert 'num_gpus' in known_flags['dist_train.py']
+  assert 'checkpoint_dir' in known_flags['cifar10_eval.py']
+  specs = replica_specs('    PS:\n      restartPolicy: ExitCode\n      template:\n'
+                        '        spec:\n          containers:\n            - name: tensorflow\n'
+                        '              command:\n                - python\n'
+                        '                - dist_train.py\n                - --bogus=1\n'
+                        '              volumeMounts:\n                - name: shared\n')
+  assert specs == {'PS': {'command': ['python', 'dist_train.py', '--bogus=1'],
+                          'restartPolicy': 'ExitCode', 'container': 'tensorflow'}}
+
+
+def test_dockerfile_python_311_slim_installs_requirements_then_copies_repo():
+  with open(DOCKERFILE) as f:
+    lines = [l for l in f.read().splitlines() if l and not l.startswith('#')]
+  assert lines[0] == 'FROM python:3.11-slim'
+  steps = [l.split()[0] + ' ' + l.split()[1] for l in lines]
+  assert steps.index('COPY requirements.txt') < steps.index('RUN pip') < steps.index('COPY .')
