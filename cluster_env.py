@@ -87,7 +87,7 @@ def from_tf_config(environ=os.environ):
     raise ClusterError('TF_CONFIG has no "cluster": it must map each job to its host:port '
                        'list, as in %s' % TF_CONFIG_EXAMPLE)
   if not isinstance(config.get('task'), dict):
-    raise ClusterError('TF_CONFIG has no "task": it must say which task this is, e.g. '
+    raise ClusterError('TF_CONFIG has no "task" object: it must say which task this is, e.g. '
                        '"task": {"type": "worker", "index": 0}')
   with _environment(environ, ['TF_CONFIG']):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -249,7 +249,7 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
                  'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
                      num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
                      's' * (len(nodes) != 1), nodelist, job_name, task_index,
-                     ' (the chief)' * (job_name == 'worker' and task_index == 0), rank,
+                     ', the chief' * (job_name == 'worker' and task_index == 0), rank,
                      gpu_note))
   return Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
                  'Slurm', description)

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 
-import pytest
 import tensorflow as tf
 
 import ps_shutdown
