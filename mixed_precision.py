@@ -11,7 +11,9 @@ multiplied by the loss scale before its gradients are taken, and the averaged
 gradients are divided by it once. A step whose averaged gradients hold inf or
 NaN is skipped (variables, moving averages and global step untouched) and the
 scale halves; after LOSS_SCALE_PERIOD clean steps in a row it doubles. The
-scale and its clean-step count are variables, saved in the checkpoint.
+scale and its two counts (clean steps in a row, steps skipped) are variables,
+saved in the checkpoint. A skipped step still consumed a batch: a run resuming
+its seeded input starts at global step + skipped steps (checkpoint_skipped_steps).
 
 In the trainer's graph (sync towers):
 
@@ -38,7 +40,7 @@ import tensorflow as tf
 INITIAL_LOSS_SCALE = 2.0 ** 15    # 32768: the loss is multiplied by this at step 0
 LOSS_SCALE_PERIOD = 2000          # clean steps in a row after which the scale doubles
 MIN_LOSS_SCALE = 1.0              # halving on overflow stops here
-LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the scale's two variables
+LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the loss scale's variables
 
 
 def float16_getter(getter, name, *args, **kwargs):
@@ -76,12 +78,13 @@ def float32_value(var):
 LossScale = collections.namedtuple('LossScale', [
     'scale',       # float32 scalar variable, a power of two
     'good_steps',  # int64 scalar variable: clean steps since the last change of scale
+    'skipped_steps',  # int64 scalar variable: steps skipped since step 0; each took a batch
     'period',      # int: the scale doubles when good_steps reaches this
 ])
 
 
 def make_loss_scale(initial_scale=INITIAL_LOSS_SCALE, period=LOSS_SCALE_PERIOD):
-  """Creates the loss scale's variables, loss_scale/scale and loss_scale/good_steps.
+  """Creates the loss scale's variables: loss_scale/scale, good_steps, skipped_steps.
 
   Call once, where the shared variables live (the trainer's CPU device). Both are
   global and not trainable: the Saver keeps them, the moving averages and the
@@ -96,7 +99,9 @@ def make_loss_scale(initial_scale=INITIAL_LOSS_SCALE, period=LOSS_SCALE_PERIOD):
         trainable=False)
     good_steps = tf.compat.v1.get_variable(
         'good_steps', [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
-  return LossScale(scale, good_steps, period)
+    skipped_steps = tf.compat.v1.get_variable(
+        'skipped_steps', [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
+  return LossScale(scale, good_steps, skipped_steps, period)
 
 
 def scale_loss(loss, loss_scale):
@@ -149,7 +154,8 @@ def apply_or_skip(apply_fn, all_finite, loss_scale):
 
   Returns:
     LossScaleUpdate. On a skipped step the scale halves (not below
-    MIN_LOSS_SCALE); after loss_scale.period applied steps in a row it doubles.
+    MIN_LOSS_SCALE) and skipped_steps counts it; after loss_scale.period applied
+    steps in a row the scale doubles.
   """
   with tf.name_scope('apply_or_skip'):
     # Read after every tower has used the scale, so that the assign below
@@ -167,8 +173,10 @@ def apply_or_skip(apply_fn, all_finite, loss_scale):
     new_scale = tf.where(applied, tf.where(grow, scale * 2.0, scale),
                          tf.maximum(scale * 0.5, MIN_LOSS_SCALE), name='new_scale')
     new_good_steps = tf.where(applied & ~grow, good_steps + 1, tf.zeros_like(good_steps))
+    skipped = tf.cast(tf.logical_not(applied), tf.int64)
     train_op = tf.group(loss_scale.scale.assign(new_scale),
-                        loss_scale.good_steps.assign(new_good_steps), name='train_op')
+                        loss_scale.good_steps.assign(new_good_steps),
+                        loss_scale.skipped_steps.assign_add(skipped), name='train_op')
   return LossScaleUpdate(train_op, applied, scale, new_scale)
 
 
@@ -197,3 +205,15 @@ def restore(sess, checkpoint_path, var_list):
   if fresh:
     sess.run(tf.compat.v1.variables_initializer(fresh))
   return sorted(fresh_names)
+
+
+def checkpoint_skipped_steps(checkpoint_path):
+  """Steps a checkpoint's run skipped: 0 for a float32 run's, or no checkpoint (None).
+
+  A seeded input resumes at global step + this, the batches the run consumed.
+  """
+  if not checkpoint_path:
+    return 0
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  name = LOSS_SCALE_SCOPE + '/skipped_steps'
+  return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0

@@ -126,7 +126,7 @@ def test_fp16_tower_layers_float16_lrn_loss_decay_float32_variables_float32(mode
   assert grads and all(op.outputs[0].dtype == tf.float32 for op in grads)
   # Weights, their averages and the scale float32; the two counters int64.
   assert {v.op.name for v in variables if v.dtype.base_dtype != tf.float32} == {
-      'global_step', 'loss_scale/good_steps'}
+      'global_step', 'loss_scale/good_steps', 'loss_scale/skipped_steps'}
   assert step.loss.dtype == tf.float32
 
 
@@ -171,7 +171,7 @@ def test_unscale_and_check_float32_towers_gradients_equal_unscaled_exactly():
     np.testing.assert_array_equal(g1, g1024)
 
 
-def test_apply_or_skip_gradients_overflow_skips_step_and_halves_scale():
+def test_apply_or_skip_gradients_overflow_skips_step_and_halves_scale(tmp_path):
   images, labels = _images(3, 2 * NUM_TOWERS)
   with tf.Graph().as_default():
     tf.compat.v1.set_random_seed(1)
@@ -184,11 +184,14 @@ def test_apply_or_skip_gradients_overflow_skips_step_and_halves_scale():
           [step.train_op, step.loss, step.update.applied, step.update.scale,
            step.update.new_scale], {step.images: images, step.labels: labels})
       after = _values(sess)
+      path = tf.compat.v1.train.Saver().save(sess, str(tmp_path / 'model.ckpt'))
   assert not applied
   assert np.isfinite(loss) and abs(loss - 4.68) < 0.1  # unscaled: an overflow, not divergence
   assert (scale, new_scale) == (2.0 ** 30, 2.0 ** 29)
   assert after.pop('loss_scale/scale') == 2.0 ** 29
   assert before.pop('loss_scale/scale') == 2.0 ** 30
+  assert (before.pop('loss_scale/skipped_steps'), after.pop('loss_scale/skipped_steps')) == (0, 1)
+  assert mixed_precision.checkpoint_skipped_steps(path) == 1  # the batch it consumed
   assert after.keys() == before.keys() and 'global_step' in after
   assert len([n for n in after if n.endswith('ExponentialMovingAverage')]) == 10
   for name in before:
@@ -236,9 +239,11 @@ def test_restore_float32_checkpoint_into_fp16_graph_starts_loss_scale_fresh(tmp_
       fresh = mixed_precision.restore(sess, str(tmp_path / 'model.ckpt'),
                                       tf.compat.v1.global_variables())
       restored = _values(sess)
-  assert fresh == ['loss_scale/good_steps', 'loss_scale/scale']
+  assert fresh == ['loss_scale/good_steps', 'loss_scale/scale', 'loss_scale/skipped_steps']
   assert restored.pop('loss_scale/scale') == 64.0
   assert restored.pop('loss_scale/good_steps') == 0
+  assert restored.pop('loss_scale/skipped_steps') == 0
+  assert mixed_precision.checkpoint_skipped_steps(str(tmp_path / 'model.ckpt')) == 0
   assert restored.keys() == saved.keys() and saved['global_step'] == 1
   for name in saved:
     np.testing.assert_array_equal(restored[name], saved[name], err_msg=name)
@@ -272,9 +277,61 @@ def test_restore_fp16_checkpoint_into_float32_fp16_and_eval_graphs_keeps_values(
   assert as_fp16.keys() == saved.keys()
   for name in saved:
     np.testing.assert_array_equal(as_fp16[name], saved[name], err_msg=name)
-  assert set(as_float32) == set(saved) - {'loss_scale/scale', 'loss_scale/good_steps'}
+  assert set(as_float32) == set(saved) - {
+      'loss_scale/scale', 'loss_scale/good_steps', 'loss_scale/skipped_steps'}
   for name in as_float32:
     np.testing.assert_array_equal(as_float32[name], saved[name], err_msg=name)
   for name in as_eval:  # each variable holds its saved shadow
     np.testing.assert_array_equal(as_eval[name], saved[name + '/ExponentialMovingAverage'],
                                   err_msg=name)
+
+
+def _toy_run(fp16, steps, init_path, batch_size=8, lr=0.02):
+  """SGD on 10 noisy prototype images, towers on /cpu:0 and /cpu:1, from the
+  weights at init_path (float32 writes them, fp16 restores them).
+
+  Returns:
+    (cross-entropy per step, steps skipped, global step at the end).
+  """
+  rng = np.random.default_rng(0)
+  prototypes = rng.standard_normal((10, 24, 24, 3)).astype(np.float32)
+  labels = rng.integers(0, 10, 320).astype(np.int32)
+  images = prototypes[labels] + rng.standard_normal((320, 24, 24, 3)).astype(np.float32)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    step = _build(fp16, batch_size, lr=lr)
+    applied = step.update.applied if fp16 else tf.constant(True)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      if fp16:
+        mixed_precision.restore(sess, init_path, tf.compat.v1.global_variables())
+      else:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver().save(sess, init_path)
+      cross_entropies, skipped = [], 0
+      for _ in range(steps):
+        batch = rng.choice(320, batch_size * NUM_TOWERS, replace=False)
+        _, cross_entropy, was_applied = sess.run(
+            [step.train_op, step.cross_entropy, applied],
+            {step.images: images[batch], step.labels: labels[batch]})
+        cross_entropies.append(cross_entropy)
+        skipped += not was_applied
+      return cross_entropies, skipped, sess.run(step.global_step)
+
+
+@pytest.mark.slow
+def test_fp16_toy_run_two_towers_learns_like_float32(tmp_path):
+  """The measurement: 120 steps of 2 x 8 images; about 65 s on 2 cores (float16 on a CPU is slow)."""
+  steps = 120
+  init_path = str(tmp_path / 'init.ckpt')
+  float32, _, _ = _toy_run(False, steps, init_path)
+  fp16, skipped, global_step = _toy_run(True, steps, init_path)
+  means = {name: [float(np.mean(run[i:i + 10])) for i in range(0, steps, 10)]
+           for name, run in (('float32', float32), ('fp16', fp16))}
+  for name, curve in means.items():
+    print('%-7s cross-entropy, mean of each 10 steps: %s' % (
+        name, ' '.join('%.2f' % x for x in curve)))
+  print('fp16: %d step(s) skipped, global step %d' % (skipped, global_step))
+  assert means['float32'][0] > 2.2 and means['float32'][-1] < 1.8  # it is learnable
+  assert means['fp16'][-1] < 1.8
+  assert abs(means['fp16'][-1] - means['float32'][-1]) < 0.2
+  assert skipped <= 3 and global_step == steps - skipped
