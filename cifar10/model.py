@@ -12,8 +12,16 @@ fully connected layers with L2 weight decay, and a linear softmax layer:
 ln(10) = 2.30 of cross-entropy plus about 2.37 of weight decay.
 
 No devices, flags, paths or printing here: the caller places the ops.
+
+Mixed precision (mixed_precision.py): called with float16 images under a variable
+scope whose custom getter returns float16 casts of the float32 variables, the
+convolutions and matmuls run in float16; LRN, the weight decay (on the float32
+variables) and the logits stay float32. With float32 images and no getter the
+graph is exactly the float32 one.
 """
 import tensorflow as tf
+
+from mixed_precision import float32_value
 
 # ---- Data shape and schedule constants of the tutorial ---------------------
 IMAGE_SIZE = 24                        # pixels; the readers crop 32x32 images to this
@@ -45,7 +53,8 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
       current name scope, so each tower collects its own copy.
 
   Returns:
-    float32 variable of `shape`.
+    float32 variable of `shape`; under a float16 custom getter
+    (mixed_precision.float16_getter), its float16 cast.
   """
   if bias_init is None:
     initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev)
@@ -53,19 +62,28 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
     initializer = tf.compat.v1.constant_initializer(bias_init)
   var = tf.compat.v1.get_variable(name, shape, tf.float32, initializer=initializer)
   if wd is not None:
-    weight_decay = tf.multiply(tf.nn.l2_loss(var), wd, name='weight_loss')
+    weight_decay = tf.multiply(tf.nn.l2_loss(float32_value(var)), wd, name='weight_loss')
     tf.compat.v1.add_to_collection(LOSSES, weight_decay)
   return var
+
+
+def _lrn(x, name):
+  """The tutorial's local response normalisation, computed in float32 whatever x's
+  dtype (TensorFlow's LRN GPU kernel is float32 only); returns x's dtype."""
+  norm = tf.nn.lrn(tf.cast(x, tf.float32), depth_radius=4, bias=1.0, alpha=0.001 / 9.0,
+                   beta=0.75, name=name)
+  return tf.cast(norm, x.dtype)
 
 
 def inference(images):
   """Builds the network up to the logits.
 
   Args:
-    images: float32 [batch, 24, 24, 3], standardised per image.
+    images: float32 [batch, 24, 24, 3], standardised per image; or float16, under
+      mixed_precision.float16_getter, to compute the layers in float16.
 
   Returns:
-    logits: float32 [batch, 10], unnormalised.
+    logits: float32 [batch, 10], unnormalised (cast from float16 under the getter).
   """
   with tf.compat.v1.variable_scope('conv1') as scope:
     kernel = _variable('weights', [5, 5, 3, 64], stddev=5e-2)
@@ -75,8 +93,7 @@ def inference(images):
     tf.compat.v1.add_to_collection(ACTIVATIONS, conv1)
 
   pool1 = tf.nn.max_pool2d(conv1, ksize=3, strides=2, padding='SAME', name='pool1')
-  norm1 = tf.nn.lrn(pool1, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75,
-                    name='norm1')
+  norm1 = _lrn(pool1, name='norm1')
 
   with tf.compat.v1.variable_scope('conv2') as scope:
     kernel = _variable('weights', [5, 5, 64, 64], stddev=5e-2)
@@ -85,8 +102,7 @@ def inference(images):
     conv2 = tf.nn.relu(tf.nn.bias_add(conv, biases), name=scope.name)
     tf.compat.v1.add_to_collection(ACTIVATIONS, conv2)
 
-  norm2 = tf.nn.lrn(conv2, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75,
-                    name='norm2')
+  norm2 = _lrn(conv2, name='norm2')
   pool2 = tf.nn.max_pool2d(norm2, ksize=3, strides=2, padding='SAME', name='pool2')
 
   with tf.compat.v1.variable_scope('local3') as scope:
@@ -112,7 +128,8 @@ def inference(images):
     softmax_linear = tf.add(tf.matmul(local4, weights), biases, name=scope.name)
     tf.compat.v1.add_to_collection(ACTIVATIONS, softmax_linear)
 
-  return softmax_linear
+  # The softmax cross-entropy runs in float32.
+  return tf.cast(softmax_linear, tf.float32)
 
 
 def loss(logits, labels):

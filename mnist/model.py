@@ -4,8 +4,13 @@ The book's mnist_inference: 784 pixels -> 500 (ReLU) -> 10 logits, the weights
 L2-regularised, the regulariser's terms in the LOSSES collection. The book's
 reader casts the uint8 pixels to float without scaling them to 0..1, and its
 learning rate (0.001) is tuned for that: mnist_input.py does the same.
+
+Mixed precision (mixed_precision.py): float16 pixels under float16_getter run the
+matmuls in float16; the L2 terms (on the float32 weights) and the logits stay float32.
 """
 import tensorflow as tf
+
+from mixed_precision import float32_value
 
 INPUT_NODE = 784                        # pixels of a 28x28 image, row-major
 LAYER1_NODE = 500                       # hidden units
@@ -37,7 +42,7 @@ def get_weight_variable(shape, regularizer):
   weights = tf.compat.v1.get_variable(
       'weights', shape, initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.1))
   if regularizer is not None:
-    tf.compat.v1.add_to_collection(LOSSES, regularizer(weights))
+    tf.compat.v1.add_to_collection(LOSSES, regularizer(float32_value(weights)))
   return weights
 
 
@@ -45,13 +50,14 @@ def inference(input_tensor, regularizer='l2'):
   """The book's forward pass.
 
   Args:
-    input_tensor: float32 [batch, 784], pixels 0..255.
+    input_tensor: float32 [batch, 784], pixels 0..255; or float16, under
+      mixed_precision.float16_getter, to compute in float16.
     regularizer: callable weights -> scalar loss term; 'l2' (the default, what the
       trainer uses): l2_regularizer(REGULARIZATION_RATE); None: no term (the
       book's evaluation passes None).
 
   Returns:
-    logits: float32 [batch, 10].
+    logits: float32 [batch, 10] (cast from float16 under the getter).
   """
   if regularizer == 'l2':
     regularizer = l2_regularizer(REGULARIZATION_RATE)
@@ -67,7 +73,7 @@ def inference(input_tensor, regularizer='l2'):
                                        initializer=tf.compat.v1.constant_initializer(0.0))
     layer2 = tf.matmul(layer1, weights) + biases
     tf.compat.v1.add_to_collection(ACTIVATIONS, layer2)
-  return layer2
+  return tf.cast(layer2, tf.float32)  # the softmax cross-entropy runs in float32
 
 
 def loss(logits, labels):

@@ -1,0 +1,219 @@
+"""Mixed precision for the towers: float16 compute, float32 weights, dynamic loss scaling.
+
+The weights stay float32 (variables, moving averages, checkpoints). Each tower
+reads them through float16_getter, which hands the model float16 casts, so the
+convolutions and matmuls run in float16; the models keep LRN, the cross-entropy
+and the weight decay in float32. The gradients leave the tower as float32 (the
+gradient of a cast is a cast back).
+
+float16 gradients underflow to zero below 6e-8, so each tower's loss is
+multiplied by the loss scale before its gradients are taken, and the averaged
+gradients are divided by it once. A step whose averaged gradients hold inf or
+NaN is skipped (variables, moving averages and global step untouched) and the
+scale halves; after LOSS_SCALE_PERIOD clean steps in a row it doubles. The
+scale and its two counts (clean steps in a row, steps skipped) are variables,
+saved in the checkpoint. A skipped step still consumed a batch: a run resuming
+its seeded input starts at global step + skipped steps (checkpoint_skipped_steps).
+
+In the trainer's graph (sync towers):
+
+    with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                     custom_getter=mixed_precision.float16_getter):
+      for i, device in ...:                              # the tower loop
+        images = tf.cast(images, tf.float16)
+        loss = tower_loss(scope, images, labels, model)  # float32, unscaled
+        grads = opt.compute_gradients(mixed_precision.scale_loss(loss, loss_scale))
+    grads, all_finite = mixed_precision.unscale_and_check(average_gradients(tower_grads),
+                                                          loss_scale)
+    update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale)
+
+tf_cnn_benchmarks does the same (float32 storage getter, loss scaling); the
+legacy tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer unscales
+each tower's gradients separately and leaves the moving averages outside its
+skip, so it is not used here.
+"""
+import collections
+
+import tensorflow as tf
+
+# ---- Loss-scale knobs ------------------------------------------------------
+INITIAL_LOSS_SCALE = 2.0 ** 15    # 32768: the loss is multiplied by this at step 0
+LOSS_SCALE_PERIOD = 2000          # clean steps in a row after which the scale doubles
+MIN_LOSS_SCALE = 1.0              # halving on overflow stops here
+LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the loss scale's variables
+
+
+def float16_getter(getter, name, *args, **kwargs):
+  """Custom getter: creates (or reuses) the variable as float32, returns a float16 cast.
+
+  Pass as variable_scope(..., custom_getter=float16_getter) around the towers.
+  Every tower reads the one float32 variable through its own cast, named
+  tower_i/<layer>/<variable>_float16; the gradient flows back through the cast
+  as float32.
+
+  Returns:
+    float16 tensor of the variable's shape.
+  """
+  kwargs['dtype'] = tf.float32
+  var = getter(name, *args, **kwargs)
+  return tf.cast(var, tf.float16, name=name.split('/')[-1] + '_float16')
+
+
+def float32_value(var):
+  """The float32 value behind what get_variable returned: the variable itself,
+  or, under float16_getter, the float32 read its float16 cast was made from.
+
+  The models compute weight decay on this, so that neither its value nor its
+  gradient is rounded to float16.
+  """
+  if var.dtype == tf.float32:
+    return var
+  if var.op.type != 'Cast' or var.op.inputs[0].dtype != tf.float32:
+    raise TypeError('%s is %s and not a cast of a float32 variable; create the variables '
+                    'as float32 (mixed_precision.float16_getter does)'
+                    % (var.name, var.dtype.name))
+  return var.op.inputs[0]
+
+
+LossScale = collections.namedtuple('LossScale', [
+    'scale',       # float32 scalar variable, a power of two
+    'good_steps',  # int64 scalar variable: clean steps since the last change of scale
+    'skipped_steps',  # int64 scalar variable: steps skipped since step 0; each took a batch
+    'period',      # int: the scale doubles when good_steps reaches this
+])
+
+
+def make_loss_scale(initial_scale=INITIAL_LOSS_SCALE, period=LOSS_SCALE_PERIOD):
+  """Creates the loss scale's variables: loss_scale/scale, good_steps, skipped_steps.
+
+  Call once, where the shared variables live (the trainer's CPU device). Both are
+  global and not trainable: the Saver keeps them, the moving averages and the
+  variable check of the trainer do not see them.
+
+  Returns:
+    LossScale.
+  """
+  with tf.compat.v1.variable_scope(LOSS_SCALE_SCOPE):
+    scale = tf.compat.v1.get_variable(
+        'scale', [], tf.float32, tf.compat.v1.constant_initializer(initial_scale),
+        trainable=False)
+    good_steps = tf.compat.v1.get_variable(
+        'good_steps', [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
+    skipped_steps = tf.compat.v1.get_variable(
+        'skipped_steps', [], tf.int64, tf.compat.v1.zeros_initializer(), trainable=False)
+  return LossScale(scale, good_steps, skipped_steps, period)
+
+
+def scale_loss(loss, loss_scale):
+  """One tower's loss times the scale: take the tower's gradients of this.
+
+  Returns:
+    float32 scalar, tower_i/scaled_loss. Log and check the unscaled loss.
+  """
+  return tf.multiply(loss, loss_scale.scale, name='scaled_loss')
+
+
+def unscale_and_check(grads_and_vars, loss_scale):
+  """Divides the averaged gradients by the scale and checks them, once per step.
+
+  Args:
+    grads_and_vars: list over variables of (float32 gradient of the scaled loss,
+      variable), as average_gradients returns it.
+    loss_scale: LossScale.
+
+  Returns:
+    (grads_and_vars divided by the scale (exact: the scale is a power of two),
+     all_finite: bool scalar, False when any gradient holds inf or NaN).
+  """
+  with tf.name_scope('unscale'):
+    inverse = 1.0 / loss_scale.scale
+    unscaled = [(grad * inverse, var) for grad, var in grads_and_vars]
+    all_finite = tf.reduce_all(
+        tf.stack([tf.reduce_all(tf.math.is_finite(grad)) for grad, _ in unscaled]),
+        name='all_finite')
+  return unscaled, all_finite
+
+
+LossScaleUpdate = collections.namedtuple('LossScaleUpdate', [
+    'train_op',   # op: the update when all_finite, then the new scale
+    'applied',    # bool scalar: this step's update was applied (False: skipped)
+    'scale',      # float32 scalar: the scale this step's gradients were taken at
+    'new_scale',  # float32 scalar: the scale of the next step
+])
+
+
+def apply_or_skip(apply_fn, all_finite, loss_scale):
+  """Applies the update only when the gradients are finite, then adjusts the scale.
+
+  Args:
+    apply_fn: callable of no arguments returning the update op: apply_gradients
+      with the global step, and the moving averages after it. It is built inside
+      the true branch of a tf.cond, so a skipped step runs none of it.
+    all_finite: bool scalar from unscale_and_check.
+    loss_scale: LossScale.
+
+  Returns:
+    LossScaleUpdate. On a skipped step the scale halves (not below
+    MIN_LOSS_SCALE) and skipped_steps counts it; after loss_scale.period applied
+    steps in a row the scale doubles.
+  """
+  with tf.name_scope('apply_or_skip'):
+    # Read after every tower has used the scale, so that the assign below
+    # cannot overtake any of their reads.
+    with tf.control_dependencies([all_finite]):
+      scale = tf.identity(loss_scale.scale, name='scale')
+      good_steps = tf.identity(loss_scale.good_steps, name='good_steps')
+
+    def apply():
+      with tf.control_dependencies([apply_fn()]):
+        return tf.constant(True)
+
+    applied = tf.cond(all_finite, apply, lambda: tf.constant(False), name='applied')
+    grow = tf.logical_and(applied, good_steps + 1 >= loss_scale.period)
+    new_scale = tf.where(applied, tf.where(grow, scale * 2.0, scale),
+                         tf.maximum(scale * 0.5, MIN_LOSS_SCALE), name='new_scale')
+    new_good_steps = tf.where(applied & ~grow, good_steps + 1, tf.zeros_like(good_steps))
+    skipped = tf.cast(tf.logical_not(applied), tf.int64)
+    train_op = tf.group(loss_scale.scale.assign(new_scale),
+                        loss_scale.good_steps.assign(new_good_steps),
+                        loss_scale.skipped_steps.assign_add(skipped), name='train_op')
+  return LossScaleUpdate(train_op, applied, scale, new_scale)
+
+
+def restore(sess, checkpoint_path, var_list):
+  """Restores var_list from a checkpoint of a float32 or a mixed-precision run.
+
+  A float32 run's checkpoint has no loss_scale/ variables: those start at their
+  initial values instead. Any other variable missing still fails the restore.
+  (The reverse needs nothing: a float32 graph's Saver ignores loss_scale/.)
+
+  Args:
+    sess: tf.compat.v1.Session of the graph holding var_list.
+    checkpoint_path: str, a checkpoint prefix (model.ckpt-1000).
+    var_list: the variables the trainer saves, tf.compat.v1.global_variables().
+
+  Returns:
+    list of str: the loss-scale variables initialised instead of restored,
+    empty when the checkpoint had them.
+  """
+  in_checkpoint = {name for name, _ in tf.train.list_variables(checkpoint_path)}
+  fresh = [v for v in var_list if v.op.name.startswith(LOSS_SCALE_SCOPE + '/')
+           and v.op.name not in in_checkpoint]
+  fresh_names = {v.op.name for v in fresh}
+  restored = [v for v in var_list if v.op.name not in fresh_names]
+  tf.compat.v1.train.Saver(restored).restore(sess, checkpoint_path)
+  if fresh:
+    sess.run(tf.compat.v1.variables_initializer(fresh))
+  return sorted(fresh_names)
+
+
+def checkpoint_skipped_steps(checkpoint_path):
+  """Steps a checkpoint's run skipped: 0 for a float32 run's, or no checkpoint (None).
+
+  A seeded input resumes at global step + this, the batches the run consumed.
+  """
+  if not checkpoint_path:
+    return 0
+  reader = tf.train.load_checkpoint(checkpoint_path)
+  name = LOSS_SCALE_SCOPE + '/skipped_steps'
+  return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0

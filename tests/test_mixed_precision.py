@@ -1,0 +1,337 @@
+"""mixed_precision.py: float16 towers over float32 weights, the loss scale, the checkpoints.
+
+The towers run on virtual CPU devices; the CPU computes float16 slowly, so the
+batches are tiny. The toy run at the end measures that float16 learns:
+
+    python -m pytest tests/test_mixed_precision.py -q -s -k toy_run
+"""
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10
+import mixed_precision
+import mnist
+from multi_gpu_train import average_gradients, tower_loss
+
+NUM_TOWERS = 2
+CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': NUM_TOWERS})  # /cpu:0, /cpu:1
+# Fresh-model loss of main before this feature, seed 1, 4 images of _images(1, 4):
+# the float32 graph must still compute exactly this.
+FLOAT32_FRESH_LOSS = 4.6818318367004395
+
+Step = collections.namedtuple('Step', [
+    'images', 'labels',  # placeholders of the global batch, split over the towers
+    'loss',              # float32 scalar: mean of the towers' unscaled losses
+    'cross_entropy',     # float32 scalar: mean of the towers' cross-entropies
+    'train_op',
+    'update',            # mixed_precision.LossScaleUpdate, or None in float32
+    'loss_scale',        # mixed_precision.LossScale, or None in float32
+    'global_step',
+])
+
+
+def _build(fp16, batch_size, model=cifar10, initial_scale=mixed_precision.INITIAL_LOSS_SCALE,
+           period=mixed_precision.LOSS_SCALE_PERIOD, lr=0.1):
+  """The trainer's synchronous step in miniature: towers, average, (unscale,) apply."""
+  shape = [batch_size * NUM_TOWERS] + ([24, 24, 3] if model is cifar10 else [784])
+  images = tf.compat.v1.placeholder(tf.float32, shape, name='images')
+  labels = tf.compat.v1.placeholder(tf.int32, [batch_size * NUM_TOWERS], name='labels')
+  global_step = tf.compat.v1.train.get_or_create_global_step()
+  opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+  loss_scale = mixed_precision.make_loss_scale(initial_scale, period) if fp16 else None
+
+  tower_grads, tower_losses, cross_entropies = [], [], []
+  getter = mixed_precision.float16_getter if fp16 else None
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter):
+    for i in range(NUM_TOWERS):
+      with tf.device('/cpu:%d' % i), tf.name_scope('%s_%d' % (model.TOWER_NAME, i)) as scope:
+        tower_images = images[i * batch_size:(i + 1) * batch_size]
+        if fp16:
+          tower_images = tf.cast(tower_images, tf.float16)
+        loss = tower_loss(scope, tower_images, labels[i * batch_size:(i + 1) * batch_size],
+                          model)
+        tf.compat.v1.get_variable_scope().reuse_variables()
+        if fp16:
+          tower_grads.append(opt.compute_gradients(mixed_precision.scale_loss(loss, loss_scale)))
+        else:
+          tower_grads.append(opt.compute_gradients(loss))
+        tower_losses.append(loss)
+        cross_entropies.append(tf.compat.v1.get_default_graph().get_tensor_by_name(
+            scope + 'cross_entropy:0'))
+
+  with tf.device('/cpu:0'):
+    grads = average_gradients(tower_grads)
+    variables = tf.compat.v1.trainable_variables()
+    ema = tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY,
+                                                      num_updates=global_step)
+
+    def apply_fn():
+      apply_op = opt.apply_gradients(grads, global_step=global_step)
+      with tf.control_dependencies([apply_op]):
+        return tf.group(apply_op, ema.apply(variables))
+
+    update = None
+    if fp16:
+      grads, all_finite = mixed_precision.unscale_and_check(grads, loss_scale)
+      update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale)
+      train_op = update.train_op
+    else:
+      train_op = apply_fn()
+  return Step(images, labels, tf.reduce_mean(tower_losses), tf.reduce_mean(cross_entropies),
+              train_op, update, loss_scale, global_step)
+
+
+def _images(seed, n, model=cifar10):
+  """n random images and labels; cifar10: standard normal, mnist: pixels 0..255."""
+  rng = np.random.default_rng(seed)
+  if model is cifar10:
+    images = rng.standard_normal((n, 24, 24, 3)).astype(np.float32)
+  else:
+    images = rng.integers(0, 256, (n, 784)).astype(np.float32)
+  return images, rng.integers(0, 10, n).astype(np.int32)
+
+
+def _values(sess):
+  """{name: value} of every global variable: weights, averages, step, loss scale."""
+  variables = tf.compat.v1.global_variables()
+  return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+@pytest.mark.parametrize('model', [cifar10, mnist], ids=['cifar10', 'mnist'])
+def test_fp16_tower_layers_float16_lrn_loss_decay_float32_variables_float32(model):
+  with tf.Graph().as_default() as graph:
+    step = _build(fp16=True, batch_size=2, model=model)
+    ops = [op for op in graph.get_operations() if op.name.startswith('tower_1/')]
+    dtypes = collections.defaultdict(set)
+    for op in ops:
+      if op.outputs and not op.name.startswith('tower_1/gradients'):
+        dtypes[op.type].add(op.outputs[0].dtype)
+    grads = [op for op in graph.get_operations() if op.name.startswith('unscale/mul')]
+    variables = tf.compat.v1.global_variables()
+
+  compute = {'Conv2D', 'MatMul'} if model is cifar10 else {'MatMul'}
+  for op_type in compute:
+    assert dtypes[op_type] == {tf.float16}, (op_type, dtypes[op_type])
+  if model is cifar10:
+    assert dtypes['LRN'] == {tf.float32}
+  assert dtypes['SparseSoftmaxCrossEntropyWithLogits'] == {tf.float32}
+  # The weight decay reads the float32 variable, not its float16 cast.
+  decay_inputs = [op.inputs[0].op for op in ops if op.type == 'L2Loss']
+  assert decay_inputs and all(i.type == 'ReadVariableOp' and i.outputs[0].dtype == tf.float32
+                              for i in decay_inputs), [i.type for i in decay_inputs]
+  # The gradients leave the tower as float32: average and update see float32.
+  assert grads and all(op.outputs[0].dtype == tf.float32 for op in grads)
+  # Weights, their averages and the scale float32; the two counters int64.
+  assert {v.op.name for v in variables if v.dtype.base_dtype != tf.float32} == {
+      'global_step', 'loss_scale/good_steps', 'loss_scale/skipped_steps'}
+  assert step.loss.dtype == tf.float32
+
+
+def test_inference_float32_graph_unchanged_loss_equals_main():
+  images, labels = _images(1, 4)
+  with tf.Graph().as_default() as graph:
+    tf.compat.v1.set_random_seed(1)
+    total_loss = cifar10.loss(cifar10.inference(tf.constant(images)), tf.constant(labels))
+    float_casts = [op.name for op in graph.get_operations()
+                   if op.type == 'Cast' and op.outputs[0].dtype.is_floating]
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      value = sess.run(total_loss)
+  assert float_casts == []  # no round trip of the LRN or the logits in float32
+  assert value == pytest.approx(FLOAT32_FRESH_LOSS, rel=1e-6)
+
+
+def test_unscale_and_check_float32_towers_gradients_equal_unscaled_exactly():
+  """Scaling by a power of two and dividing once on the average is exact in float32."""
+  images, labels = _images(2, 2 * NUM_TOWERS)
+  grads = {}
+  for scale in (1.0, 1024.0):
+    with tf.Graph().as_default():
+      tf.compat.v1.set_random_seed(1)
+      loss_scale = mixed_precision.make_loss_scale(scale)
+      with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
+        tower_grads = []
+        for i in range(NUM_TOWERS):
+          with tf.name_scope('tower_%d' % i) as scope:
+            loss = tower_loss(scope, tf.constant(images[2 * i:2 * i + 2]),
+                              tf.constant(labels[2 * i:2 * i + 2]))
+            tf.compat.v1.get_variable_scope().reuse_variables()
+            tower_grads.append(tf.compat.v1.train.GradientDescentOptimizer(0.1)
+                               .compute_gradients(mixed_precision.scale_loss(loss, loss_scale)))
+      unscaled, all_finite = mixed_precision.unscale_and_check(average_gradients(tower_grads),
+                                                               loss_scale)
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        grads[scale], finite = sess.run([[g for g, _ in unscaled], all_finite])
+      assert finite
+  for g1, g1024 in zip(grads[1.0], grads[1024.0]):
+    np.testing.assert_array_equal(g1, g1024)
+
+
+def test_apply_or_skip_gradients_overflow_skips_step_and_halves_scale(tmp_path):
+  images, labels = _images(3, 2 * NUM_TOWERS)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    # 2^30 times the logits' gradient (~0.1) overflows float16 (max 65504).
+    step = _build(fp16=True, batch_size=2, initial_scale=2.0 ** 30)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      before = _values(sess)
+      _, loss, applied, scale, new_scale = sess.run(
+          [step.train_op, step.loss, step.update.applied, step.update.scale,
+           step.update.new_scale], {step.images: images, step.labels: labels})
+      after = _values(sess)
+      path = tf.compat.v1.train.Saver().save(sess, str(tmp_path / 'model.ckpt'))
+  assert not applied
+  assert np.isfinite(loss) and abs(loss - 4.68) < 0.1  # unscaled: an overflow, not divergence
+  assert (scale, new_scale) == (2.0 ** 30, 2.0 ** 29)
+  assert after.pop('loss_scale/scale') == 2.0 ** 29
+  assert before.pop('loss_scale/scale') == 2.0 ** 30
+  assert (before.pop('loss_scale/skipped_steps'), after.pop('loss_scale/skipped_steps')) == (0, 1)
+  assert mixed_precision.checkpoint_skipped_steps(path) == 1  # the batch it consumed
+  assert after.keys() == before.keys() and 'global_step' in after
+  assert len([n for n in after if n.endswith('ExponentialMovingAverage')]) == 10
+  for name in before:
+    np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+
+
+def test_apply_or_skip_period_clean_steps_doubles_scale():
+  images, labels = _images(4, 2 * NUM_TOWERS)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    step = _build(fp16=True, batch_size=2, initial_scale=8.0, period=2)
+    feed = {step.images: images, step.labels: labels}
+    seen = []
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(3):
+        _, applied, scale, new_scale = sess.run(
+            [step.train_op, step.update.applied, step.update.scale, step.update.new_scale],
+            feed)
+        seen.append((bool(applied), scale, new_scale,
+                     sess.run(step.loss_scale.good_steps), sess.run(step.global_step)))
+  assert seen == [(True, 8.0, 8.0, 1, 1), (True, 8.0, 16.0, 0, 2), (True, 16.0, 16.0, 1, 3)]
+
+
+def _train_and_save(fp16, path, seed, period=mixed_precision.LOSS_SCALE_PERIOD):
+  """One step of a fresh float32 or fp16 graph, saved to path; returns the values saved."""
+  images, labels = _images(seed, 2 * NUM_TOWERS)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(seed)
+    step = _build(fp16, batch_size=2, initial_scale=64.0, period=period)
+    saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables())
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(step.train_op, {step.images: images, step.labels: labels})
+      saver.save(sess, path)
+      return _values(sess)
+
+
+def test_restore_float32_checkpoint_into_fp16_graph_starts_loss_scale_fresh(tmp_path):
+  saved = _train_and_save(False, str(tmp_path / 'model.ckpt'), seed=5)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(6)  # other initial values: the restore must overwrite them
+    _build(True, batch_size=2, initial_scale=64.0)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      fresh = mixed_precision.restore(sess, str(tmp_path / 'model.ckpt'),
+                                      tf.compat.v1.global_variables())
+      restored = _values(sess)
+  assert fresh == ['loss_scale/good_steps', 'loss_scale/scale', 'loss_scale/skipped_steps']
+  assert restored.pop('loss_scale/scale') == 64.0
+  assert restored.pop('loss_scale/good_steps') == 0
+  assert restored.pop('loss_scale/skipped_steps') == 0
+  assert mixed_precision.checkpoint_skipped_steps(str(tmp_path / 'model.ckpt')) == 0
+  assert restored.keys() == saved.keys() and saved['global_step'] == 1
+  for name in saved:
+    np.testing.assert_array_equal(restored[name], saved[name], err_msg=name)
+
+
+def test_restore_fp16_checkpoint_into_float32_fp16_and_eval_graphs_keeps_values(tmp_path):
+  path = str(tmp_path / 'model.ckpt')
+  saved = _train_and_save(True, path, seed=7, period=1)  # one clean step: the scale doubled
+  assert saved['loss_scale/scale'] == 128.0 and saved['global_step'] == 1
+
+  with tf.Graph().as_default():  # the float32 trainer's own restore
+    tf.compat.v1.set_random_seed(8)
+    _build(False, batch_size=2)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      tf.compat.v1.train.Saver(tf.compat.v1.global_variables()).restore(sess, path)
+      as_float32 = _values(sess)
+  with tf.Graph().as_default():  # an fp16 run resuming: the scale comes back too
+    tf.compat.v1.set_random_seed(8)
+    _build(True, batch_size=2, initial_scale=64.0)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      fresh = mixed_precision.restore(sess, path, tf.compat.v1.global_variables())
+      as_fp16 = _values(sess)
+  with tf.Graph().as_default():  # evaluation.py's restore of the shadow values
+    cifar10.inference(tf.zeros([1, 24, 24, 3]))
+    ema = tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY)
+    with tf.compat.v1.Session() as sess:
+      tf.compat.v1.train.Saver(ema.variables_to_restore()).restore(sess, path)
+      as_eval = _values(sess)
+
+  assert fresh == []
+  assert as_fp16.keys() == saved.keys()
+  for name in saved:
+    np.testing.assert_array_equal(as_fp16[name], saved[name], err_msg=name)
+  assert set(as_float32) == set(saved) - {
+      'loss_scale/scale', 'loss_scale/good_steps', 'loss_scale/skipped_steps'}
+  for name in as_float32:
+    np.testing.assert_array_equal(as_float32[name], saved[name], err_msg=name)
+  for name in as_eval:  # each variable holds its saved shadow
+    np.testing.assert_array_equal(as_eval[name], saved[name + '/ExponentialMovingAverage'],
+                                  err_msg=name)
+
+
+def _toy_run(fp16, steps, init_path, batch_size=8, lr=0.02):
+  """SGD on 10 noisy prototype images, towers on /cpu:0 and /cpu:1, from the
+  weights at init_path (float32 writes them, fp16 restores them).
+
+  Returns:
+    (cross-entropy per step, steps skipped, global step at the end).
+  """
+  rng = np.random.default_rng(0)
+  prototypes = rng.standard_normal((10, 24, 24, 3)).astype(np.float32)
+  labels = rng.integers(0, 10, 320).astype(np.int32)
+  images = prototypes[labels] + rng.standard_normal((320, 24, 24, 3)).astype(np.float32)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    step = _build(fp16, batch_size, lr=lr)
+    applied = step.update.applied if fp16 else tf.constant(True)
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      if fp16:
+        mixed_precision.restore(sess, init_path, tf.compat.v1.global_variables())
+      else:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver().save(sess, init_path)
+      cross_entropies, skipped = [], 0
+      for _ in range(steps):
+        batch = rng.choice(320, batch_size * NUM_TOWERS, replace=False)
+        _, cross_entropy, was_applied = sess.run(
+            [step.train_op, step.cross_entropy, applied],
+            {step.images: images[batch], step.labels: labels[batch]})
+        cross_entropies.append(cross_entropy)
+        skipped += not was_applied
+      return cross_entropies, skipped, sess.run(step.global_step)
+
+
+@pytest.mark.slow
+def test_fp16_toy_run_two_towers_learns_like_float32(tmp_path):
+  """The measurement: 120 steps of 2 x 8 images; about 65 s on 2 cores (float16 on a CPU is slow)."""
+  steps = 120
+  init_path = str(tmp_path / 'init.ckpt')
+  float32, _, _ = _toy_run(False, steps, init_path)
+  fp16, skipped, global_step = _toy_run(True, steps, init_path)
+  means = {name: [float(np.mean(run[i:i + 10])) for i in range(0, steps, 10)]
+           for name, run in (('float32', float32), ('fp16', fp16))}
+  for name, curve in means.items():
+    print('%-7s cross-entropy, mean of each 10 steps: %s' % (
+        name, ' '.join('%.2f' % x for x in curve)))
+  print('fp16: %d step(s) skipped, global step %d' % (skipped, global_step))
+  assert means['float32'][0] > 2.2 and means['float32'][-1] < 1.8  # it is learnable
+  assert means['fp16'][-1] < 1.8
+  assert abs(means['fp16'][-1] - means['float32'][-1]) < 0.2
+  assert skipped <= 3 and global_step == steps - skipped
