@@ -461,9 +461,11 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     run = start(exit_stack, cluster, task_index, settings, worker, data.input)
     record = (chief_run_record(run, settings, data, flag_values) if run.task_index == 0
               else None)
+    epoch = multi_gpu_train.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
-      graph = build(run, settings, worker, data, record)
-      print_start(run, graph, settings, data.model)
+      graph = build(run, settings, worker, data, epoch, record)
+      multi_gpu_train.check_memory([graph.train_op, graph.loss], settings)
+      print_start(run, graph, settings, data.model, epoch)
       with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
         step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)
         run.arm_watchdog(CLOSE_TIMEOUT_SECS + WATCHDOG_SLACK_SECS,
@@ -555,7 +557,7 @@ TrainGraph = collections.namedtuple('TrainGraph', [
 ])
 
 
-def build(run, settings, worker, data, record):
+def build(run, settings, worker, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter."""
   worker_device = '/job:worker/task:%d' % run.task_index
   examples_per_update = settings.batch_size * len(run.devices)
@@ -569,8 +571,8 @@ def build(run, settings, worker, data, record):
         dataset = data.input.train_dataset(settings.data_dir, settings.batch_size)
       next_batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    lr, decay_steps = multi_gpu_train.learning_rate(
-        global_step, examples_per_update, model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, model)
+    lr, decay_steps = multi_gpu_train.learning_rate(global_step, examples_per_update,
+                                                    epoch.count, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
     towers = multi_gpu_train.build_towers(next_batch, run.devices, opt, model,
@@ -648,7 +650,7 @@ def quiet_deprecations():
     logger.setLevel(level)
 
 
-def print_start(run, graph, settings, model):
+def print_start(run, graph, settings, model, epoch):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
   batch_size, num_towers = settings.batch_size, len(run.devices)
@@ -664,8 +666,8 @@ def print_start(run, graph, settings, model):
   else:
     print('async: each of %d workers applies its own updates of %d images (%d x %d '
           'towers)' % (run.num_workers, batch_size * num_towers, batch_size, num_towers))
-  print('decay_steps %d = %d examples / %d per worker step x %g epochs; input: %s' % (
-      graph.decay_steps, model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, graph.examples_per_update,
+  print('decay_steps %d = %d examples (%s) / %d per worker step x %g epochs; input: %s' % (
+      graph.decay_steps, epoch.count, epoch.source, graph.examples_per_update,
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir))
   print(multi_gpu_train.schedule_line(model, graph.decay_steps))
   if run.task_index == 0:

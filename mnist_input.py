@@ -69,6 +69,12 @@ def read_records(path):
   return np.stack(images), np.array(labels, np.int64)
 
 
+def train_records(data_dir):
+  """Records in train.tfrecords, and that name: one epoch of training (the book's 60,000
+  with the official files; a sample or your own file counts its own)."""
+  return sum(1 for _ in input_lib.tfrecords(os.path.join(data_dir, TRAIN_FILE))), TRAIN_FILE
+
+
 def check_records(path):
   """Checks every record of a TFRecord file in the book's layout, one at a time.
 

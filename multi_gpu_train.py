@@ -37,6 +37,7 @@ import tensorflow as tf
 import cifar10
 import cifar10_input
 import mnist
+import memory_check
 import mnist_input
 import placement
 import training_run
@@ -365,8 +366,7 @@ def train(settings, stop=None, flag_values=None):
     if run is None:
       return
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
-    record = run_record(flag_values, settings, devices, run.start_step, data)
-    print('Run record: %s' % training_run.write_run_record(settings.train_dir, record))
+    epoch = examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       if settings.seed is not None:
         tf.compat.v1.set_random_seed(settings.seed)  # the initial weights
@@ -376,14 +376,54 @@ def train(settings, stop=None, flag_values=None):
           settings.data_dir, settings.num_gpus, settings.batch_size, settings.synthetic,
           settings.seed, run.start_step, data.input)
       build_graph = build_async if settings.async_towers else build
-      graph = build_graph(next_batch, devices, settings.batch_size,
-                          data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
+      graph = build_graph(next_batch, devices, settings.batch_size, epoch.count, data.model,
                           summaries=settings.summary_steps > 0)
-      print_start(graph, where, settings, data.model)
+      check_memory(step_fetches(graph, settings.async_towers), settings)  # before any write
+      if settings.fresh:
+        training_run.set_aside(settings.train_dir)
+      record = run_record(flag_values, settings, devices, run.start_step, data)
+      print('Run record: %s' % training_run.write_run_record(settings.train_dir, record))
+      print_start(graph, where, settings, data.model, epoch)
       config = placement.session_config(num_cpu_devices, settings.session)
       with open_session(run, config, input_init) as (sess, saver):
         run_loop = loop_async if settings.async_towers else loop
         run_loop(sess, saver, graph, run, settings, stop or NEVER, record)
+
+
+Epoch = collections.namedtuple('Epoch', [
+    'count',   # int: training records in one epoch
+    'source',  # str: where the count came from, for start-up
+])
+
+
+def examples_per_epoch(settings, data):
+  """One epoch of the schedule: the training records actually read, counted.
+
+  The official sets give the tutorial's 50,000 and the book's 60,000; a sample or
+  a copy of your own counts its own records. Synthetic input takes the official
+  count, as there is no epoch to count.
+  """
+  if settings.synthetic:
+    return Epoch(data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+                 '%s/model.py\'s count: the input is synthetic' % data.model.__name__)
+  count, files = data.input.train_records(settings.data_dir)
+  return Epoch(count, 'the records in %s' % files)
+
+
+def step_fetches(graph, async_towers):
+  """What the loop runs in one step, summaries included: what must fit in memory."""
+  return ((list(graph.train_ops) if async_towers else [graph.train_op]) + [graph.loss] +
+          ([graph.summary_op] if graph.summary_op is not None else []))
+
+
+def check_memory(fetches, settings):
+  """Stops the run in one line when one step cannot fit in the memory available:
+  a step too large is otherwise killed by the kernel minutes later, without a word."""
+  # The host's share: on GPUs the activations live in GPU memory, and running out
+  # of that fails at once and by name (memory_check.check_step_fits).
+  estimate = memory_check.estimate_step_bytes(fetches, 'CPU')
+  memory_check.check_step_fits(estimate, memory_check.memory_available(),
+                               settings.batch_size, settings.num_gpus)
 
 
 TrainRun = collections.namedtuple('TrainRun', [
@@ -396,8 +436,9 @@ TrainRun = collections.namedtuple('TrainRun', [
 def start(exit_stack, settings, data_input=cifar10_input):
   """Checks, lock and resume point: everything that can stop a run before it starts.
 
-  Nothing is created or moved until every check has passed: a run that cannot
-  start leaves no directory behind. The lock on train_dir is released when
+  Nothing is created until every check has passed: a run that cannot start
+  leaves no directory behind. (--fresh moves the old files once the graph is
+  built and its step known to fit in memory: train().) The lock on train_dir is released when
   exit_stack (a contextlib.ExitStack) closes. data_input: the data set's input
   module, whose prepare() downloads and checks the files.
 
@@ -423,8 +464,6 @@ def start(exit_stack, settings, data_input=cifar10_input):
   if not locked:
     training_run.make_train_dir(train_dir)
     exit_stack.enter_context(training_run.lock_train_dir(train_dir))
-  if settings.fresh:  # last of the checks: nothing moves unless the run can start
-    training_run.set_aside(train_dir)
   return TrainRun(train_dir, checkpoint, start_step)
 
 
@@ -500,7 +539,7 @@ def data_read(data_input, settings):
   return source
 
 
-def print_start(graph, where, settings, model):
+def print_start(graph, where, settings, model, epoch):
   """The start-up lines: devices, global batch, parameters, learning-rate schedule."""
   num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
   batch_size, num_gpus = settings.batch_size, settings.num_gpus
@@ -509,8 +548,8 @@ def print_start(graph, where, settings, model):
       batch_size * num_gpus, batch_size, num_gpus,
       ' (async: each update applies %d)' % batch_size if settings.async_towers else '',
       num_params))
-  print('decay_steps %d = %d examples / %d per update x %g epochs; input: %s%s' % (
-      graph.decay_steps, model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, graph.examples_per_update,
+  print('decay_steps %d = %d examples (%s) / %d per update x %g epochs; input: %s%s' % (
+      graph.decay_steps, epoch.count, epoch.source, graph.examples_per_update,
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir,
       '' if settings.seed is None else '; seed %d: this run repeats exactly' % settings.seed))
   print(schedule_line(model, graph.decay_steps))

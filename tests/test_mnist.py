@@ -79,8 +79,10 @@ def test_train_two_towers_then_eval_learns_the_sample(sample, tmp_path):
                         '--seed=1')  # one outcome: unseeded runs measured 0.87-0.92
   assert code == 0, err
   assert 'global batch 200 = 100 x 2 towers; 397510 trainable parameters' in out
-  assert 'decay_steps 300 = 60000 examples / 200 per update x 1 epochs' in out
-  assert ('learning rate 0.001, multiplied by 0.99 every 300 updates (smoothly); '
+  # An epoch is the sample's 2000 records, counted, not the official set's 60000.
+  assert ('decay_steps 10 = 2000 examples (the records in train.tfrecords) / 200 per update '
+          'x 1 epochs') in out
+  assert ('learning rate 0.001, multiplied by 0.99 every 10 updates (smoothly); '
           'constants in mnist/model.py') in out
   assert re.search(r'step 200, loss = ', out) and 'model.ckpt-200' in out
   code, out, err = _run('mnist_eval.py', '--run_once', '--data_dir=' + sample,

@@ -127,7 +127,10 @@ def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path):
   code, out, err = _cli(*common, '--max_steps=30')
   assert code == 0, err
   assert '2 virtual CPU devices' in out and 'global batch 16 = 8 x 2 towers' in out
-  assert 'decay_steps 1093750' in out and '1068298 trainable parameters' in out
+  # An epoch is the sample's 5 x 60 records, counted: 300 / 16 x 350 epochs.
+  assert ('decay_steps 6562 = 300 examples (the records in data_batch_1.bin .. '
+          'data_batch_5.bin) / 16 per update x 350 epochs') in out
+  assert '1068298 trainable parameters' in out
   assert _steps(out) == [1, 10, 20, 30]
   assert 'Saved checkpoint %s/model.ckpt-20' % train_dir in out
   assert tf.train.load_checkpoint(train_dir).get_tensor('global_step') == 30
