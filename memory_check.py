@@ -91,8 +91,11 @@ def estimate_step_bytes(fetches, device_type=None):
 
 def _ops_run_by(fetches):
   """The ops one sess.run(fetches) runs: the fetches and all they depend on."""
-  found, todo = set(), [f.op if isinstance(f, tf.Tensor) else f for f in fetches
-                        if f is not None]
+  graph = tf.compat.v1.get_default_graph()
+  # as_graph_element: a tensor, an op, or what stands for one (a resource
+  # variable's assign, which SyncReplicasOptimizer's train op is).
+  found, todo = set(), [getattr(element, 'op', element) for element in
+                        (graph.as_graph_element(f) for f in fetches if f is not None)]
   while todo:
     op = todo.pop()
     if op not in found:
