@@ -107,6 +107,9 @@ REFUSED_FLAGS = {
     'seed': 'the workers\' updates reach the ps tasks in whatever order the network and '
             'the machines give, so a distributed run cannot repeat exactly; use '
             'multi_gpu_train.py --seed for runs to compare',
+    'use_fp16': 'its loss scale is not built for workers: async ones would race for one '
+                'shared scale, and a sync update skipped after an overflow would need its '
+                'check on the chief, after the aggregation (README, "--use_fp16")',
 }
 for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
   if _flag.name not in REFUSED_FLAGS:
@@ -559,6 +562,9 @@ TrainGraph = collections.namedtuple('TrainGraph', [
 
 def build(run, settings, worker, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter."""
+  if settings.use_fp16:  # check_flags refuses the flag; this, a Settings that sets it
+    raise TrainingError('dist_train.py does not train in fp16: %s.'
+                        % REFUSED_FLAGS['use_fp16'])
   worker_device = '/job:worker/task:%d' % run.task_index
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model

@@ -36,8 +36,9 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import mnist
 import memory_check
+import mixed_precision
+import mnist
 import mnist_input
 import placement
 import training_run
@@ -96,6 +97,8 @@ flags.DEFINE_boolean('fresh', False, 'Start from step 0: move the checkpoints an
                      'files already in --train_dir into a dated subdirectory first.')
 flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
                      'as they are ready (asynchronous), one thread per tower.')
+flags.DEFINE_boolean('use_fp16', False, 'Train the model using fp16: float16 towers over '
+                     'float32 variables, with dynamic loss scaling (mixed_precision.py).')
 flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
                      'to time the compute alone.')
 flags.DEFINE_boolean('log_device_placement', False, 'Log the device of every op.')
@@ -167,7 +170,8 @@ Towers = collections.namedtuple('Towers', [
 ])
 
 
-def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device='/cpu:0'):
+def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device='/cpu:0',
+                 loss_scale=None):
   """One replica of the model per device, all sharing one set of variables.
 
   Args:
@@ -178,21 +182,33 @@ def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device
     model: the model package: inference, loss and its constants.
     variables_device: where the shared variables live; '' leaves them to an
       enclosing device function (a parameter-server replica_device_setter).
+    loss_scale: a mixed_precision.LossScale for float16 towers (--use_fp16), or
+      None: float32. The towers then compute in float16 on float16 casts of the
+      float32 variables, and take their gradients of the loss times the scale.
 
   Returns:
-    Towers: each tower's loss and gradients, in device order.
+    Towers: each tower's loss (float32, unscaled) and gradients (float32; scaled
+    by the loss scale, if any), in device order.
   """
   tower_grads, tower_losses = [], []
-  # A re-entered copy of the current scope, so that reuse ends with the loop.
-  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope()):
+  getter = mixed_precision.float16_getter if loss_scale else None
+  # A re-entered copy of the current scope, so that reuse ends with the loop (and,
+  # in float16, so that all towers, reusing, read through the one getter).
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter):
     for i, device in enumerate(devices):
       with tf.compat.v1.device(placement.place(device, variables_device)), \
           tf.name_scope('%s_%d' % (model.TOWER_NAME, i)) as scope:
         with tf.device('/cpu:0'):
           images, labels = next_batch()
-        loss = tower_loss(scope, images, labels, model)
+        if loss_scale:
+          images = tf.cast(images, tf.float16)
+        loss = tower_loss(scope, images, labels, model)  # float32 either way
         tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
-        tower_grads.append(optimizer.compute_gradients(loss))
+        if loss_scale:  # float16 gradients below 6e-8 would be zero: scale them up
+          tower_grads.append(optimizer.compute_gradients(
+              mixed_precision.scale_loss(loss, loss_scale)))
+        else:
+          tower_grads.append(optimizer.compute_gradients(loss))
         tower_losses.append(loss)
   return Towers(tower_losses, tower_grads)
 
@@ -226,17 +242,20 @@ def then_average(update_op, ema):
 
 TrainGraph = collections.namedtuple('TrainGraph', [
     'train_op',             # one step: the averaged update, then the moving averages
-    'update_op',            # the averaged update alone (the benchmark times it apart)
+    'update_op',            # the averaged update alone (the benchmark times it apart);
+                            # None in fp16, where it runs inside the skip
     'loss',                 # float32 scalar: the mean of the towers' total losses
     'global_step',          # int64 variable: updates applied
     'decay_steps',          # int: updates between two drops of the learning rate
     'examples_per_update',  # int: batch_size x towers
     'summary_op',           # the merged summaries, or None
+    'loss_scale_update',    # fp16: mixed_precision.LossScaleUpdate (applied, scale,
+                            # new_scale, to fetch with train_op); float32: None
 ])
 
 
 def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
-          summaries=True):
+          summaries=True, use_fp16=False):
   """train()'s graph, in the tutorial's order: rate, towers, average, apply, averages.
 
   Args:
@@ -244,6 +263,8 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
     batch_size: int, images per tower.
     examples_per_epoch: int, training records in one epoch (for the schedule).
     summaries: bool, build the TensorBoard summary op.
+    use_fp16: bool, float16 towers over float32 variables, with a dynamic loss
+      scale: a step whose averaged gradients overflow is skipped (mixed_precision.py).
 
   Returns:
     a TrainGraph.
@@ -254,16 +275,27 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
     lr, decay_steps = learning_rate(global_step, examples_per_update, examples_per_epoch,
                                     model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
-  towers = build_towers(next_batch, devices, opt, model)
+    loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
+                  if use_fp16 else None)
+  towers = build_towers(next_batch, devices, opt, model, loss_scale=loss_scale)
   with tf.device('/cpu:0'):
     grads = average_gradients(towers.grads)
-    update_op = opt.apply_gradients(grads, global_step=global_step)
-    train_op = then_average(update_op, moving_averages(global_step, model))
+    ema = moving_averages(global_step, model)
+    if use_fp16:  # divide by the scale once; apply only finite gradients
+      grads, all_finite = mixed_precision.unscale_and_check(grads, loss_scale)
+      update_op, loss_scale_update = None, mixed_precision.apply_or_skip(
+          lambda: then_average(opt.apply_gradients(grads, global_step=global_step), ema),
+          all_finite, loss_scale)
+      train_op = loss_scale_update.train_op
+    else:
+      update_op, loss_scale_update = opt.apply_gradients(grads, global_step=global_step), None
+      train_op = then_average(update_op, ema)
     loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
-  summary_op = (build_summaries(range(len(devices)), towers.losses, grads, lr, model)
+  summary_op = (build_summaries(range(len(devices)), towers.losses, grads, lr, model,
+                                loss_scale_update and loss_scale_update.scale)
                 if summaries else None)
   return TrainGraph(train_op, update_op, loss, global_step, decay_steps,
-                    examples_per_update, summary_op)
+                    examples_per_update, summary_op, loss_scale_update)
 
 
 AsyncTrainGraph = collections.namedtuple('AsyncTrainGraph', [
@@ -274,12 +306,14 @@ AsyncTrainGraph = collections.namedtuple('AsyncTrainGraph', [
 
 
 def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
-                summaries=True):
+                summaries=True, use_fp16=False):
   """--async_towers: each tower applies its own gradients as soon as they are ready.
 
   Arguments as build()'s. Returns an AsyncTrainGraph; its summaries watch tower 0
   alone, the one whose train op computes them.
   """
+  if use_fp16:  # check_flags says why
+    raise ValueError('use_fp16 needs synchronous towers; async_towers cannot take it')
   with tf.device('/cpu:0'):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     lr, decay_steps = learning_rate(global_step, batch_size, examples_per_epoch, model)
@@ -295,12 +329,13 @@ def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar
                          batch_size, summary_op)
 
 
-def build_summaries(watched, tower_losses, grads, lr, model=cifar10):
+def build_summaries(watched, tower_losses, grads, lr, model=cifar10, loss_scale=None):
   """TensorBoard summaries, tags free of tower prefixes so 1- and 4-tower runs overlay.
 
   Args:
     watched: indices of the towers whose losses and activations are summarised.
     tower_losses: every tower's total loss; grads: [(gradient, variable), ...].
+    loss_scale: fp16: float32 scalar, the scale of this step's gradients; or None.
 
   The raw summary ops take the tag as given; tf.summary.* would derive it from
   the graph's name scopes and uniquify it ('total_loss_1').
@@ -316,6 +351,8 @@ def build_summaries(watched, tower_losses, grads, lr, model=cifar10):
   scalars['total_loss'] = tf.reduce_mean(total)
   scalars['cross_entropy'] = tf.reduce_mean(cross_entropy)
   scalars['learning_rate'] = lr
+  if loss_scale is not None:
+    scalars['loss_scale'] = loss_scale
   first = '%s_%d/' % (model.TOWER_NAME, watched[0])
   for x in tf.compat.v1.get_collection(model.ACTIVATIONS, first):
     layer = x.op.name[len(first):].split('/')[0]  # tower_0/conv1/conv1 -> conv1
@@ -348,6 +385,7 @@ class Settings(typing.NamedTuple):
   seed: int = None                              # int >= 0: the run repeats exactly
   fresh: bool = False
   async_towers: bool = False
+  use_fp16: bool = False                        # float16 towers, float32 variables
   session: placement.SessionOptions = placement.SessionOptions()
 
 
@@ -374,10 +412,10 @@ def train(settings, stop=None, flag_values=None):
           exit_stack.enter_context(placement.op_determinism())
       next_batch, input_init = input_pipeline(
           settings.data_dir, settings.num_gpus, settings.batch_size, settings.synthetic,
-          settings.seed, run.start_step, data.input)
+          settings.seed, first_batch(run), data.input)
       build_graph = build_async if settings.async_towers else build
       graph = build_graph(next_batch, devices, settings.batch_size, epoch.count, data.model,
-                          summaries=settings.summary_steps > 0)
+                          summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16)
       check_memory(step_fetches(graph, settings.async_towers), settings)  # before any write
       if settings.fresh:
         training_run.set_aside(settings.train_dir)
@@ -467,6 +505,12 @@ def start(exit_stack, settings, data_input=cifar10_input):
   return TrainRun(train_dir, checkpoint, start_step)
 
 
+def first_batch(run):
+  """The global batch a seeded input starts at: one per step run so far, applied or
+  skipped (an fp16 step whose gradients overflowed consumed its batch too)."""
+  return run.start_step + mixed_precision.checkpoint_skipped_steps(run.checkpoint)
+
+
 def input_pipeline(data_dir, num_gpus, batch_size, synthetic=False, seed=None,
                    start_step=0, data_input=cifar10_input):
   """The one input pipeline that every tower draws from, on the CPU.
@@ -511,6 +555,8 @@ def run_record(flag_values, settings, devices, start_step, data, extra_constants
   """
   constants = {'multi_gpu_train.py': training_run.constants_of(sys.modules[__name__])}
   constants.update(extra_constants or {})
+  if settings.use_fp16:
+    constants['mixed_precision.py'] = training_run.constants_of(mixed_precision)
   constants['%s/model.py' % data.model.__name__] = training_run.constants_of(data.model)
   constants['%s.py' % data.input.__name__] = training_run.constants_of(data.input)
   return collections.OrderedDict([
@@ -553,6 +599,10 @@ def print_start(graph, where, settings, model, epoch):
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir,
       '' if settings.seed is None else '; seed %d: this run repeats exactly' % settings.seed))
   print(schedule_line(model, graph.decay_steps))
+  if settings.use_fp16:
+    print('float16 towers, float32 variables; dynamic loss scale from %g (a resumed run '
+          'keeps its own), doubled after %d clean steps, halved on an overflow' % (
+              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD))
 
 
 def schedule_line(model, decay_steps):
@@ -574,13 +624,16 @@ def open_session(run, config, input_init):
   init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(config=config) as sess:
     if run.checkpoint:
-      try:
-        saver.restore(sess, run.checkpoint)
+      try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
+        fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
       except (tf.errors.OpError, ValueError) as e:
         raise TrainingError('cannot restore %s into this model: %s Use another '
                             '--train_dir, or --fresh to start over.'
                             % (run.checkpoint, training_run.restore_error(e))) from None
       print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
+      if fresh:
+        print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+            run.checkpoint, mixed_precision.INITIAL_LOSS_SCALE))
     else:
       sess.run(init)
       print('Starting from step 0 in %s' % run.train_dir)
@@ -602,23 +655,29 @@ def loop(sess, saver, graph, run, settings, stop, record):
   num_towers = settings.num_gpus
   writer = open_writer(sess, run, settings.summary_steps, record)
   save = saver_with_check(sess, saver, run.train_dir, model_name)
+  # fp16: [applied, scale, new_scale] of each step; float32: nothing more to fetch.
+  scale_fetches = list(graph.loss_scale_update[1:]) if graph.loss_scale_update else []
   step = last_saved = last_summary = run.start_step
   while not stop.requested and step < settings.max_steps:
     # Summaries describe the variables at `step`, before this update.
     summarize = writer and step % settings.summary_steps == 0
-    fetches = [graph.train_op, graph.loss] + ([graph.summary_op] if summarize else [])
+    fetches = [graph.train_op, graph.loss, scale_fetches] + (
+        [graph.summary_op] if summarize else [])
     start_time = time.time()
     results = sess.run(fetches)
     duration = time.time() - start_time
-    step += 1
 
     loss_value = results[1]
-    check_loss(loss_value, step, model_name, last_saved)
+    check_loss(loss_value, step + 1, model_name, last_saved)  # unscaled: real divergence
+    if scale_fetches and not results[2][0]:  # overflowed: nothing applied, step unchanged
+      check_skip(step + 1, *results[2][1:])
+      continue
+    step += 1
     examples_per_sec = graph.examples_per_update / duration
     if step % settings.log_frequency == 0 or step == run.start_step + 1:
       print_loss_line(step, loss_value, examples_per_sec, duration / num_towers)
     if summarize:
-      write_summary(writer, results[2], step - 1, examples_per_sec)
+      write_summary(writer, results[3], step - 1, examples_per_sec)
       last_summary = step - 1
     if step % settings.save_every_n_steps == 0:
       last_saved = save(step, last_saved)
@@ -694,6 +753,18 @@ def check_loss(loss_value, step, model_name, last_saved):
         'loss is %s at step %d: the model diverged. Lower INITIAL_LEARNING_RATE '
         '(%s/model.py) or --batch_size; %s' % (loss_value, step, model_name,
                                               _last_checkpoint_note(last_saved)))
+
+
+def check_skip(step, scale, new_scale):
+  """fp16: says that a step's gradients overflowed and were not applied; stops the run
+  when they overflow even unscaled (scale 1), where no smaller scale can help."""
+  print('%s: step %d skipped: gradients overflowed at loss scale %g; scale now %g' % (
+      datetime.datetime.now(), step, scale, new_scale))
+  sys.stdout.flush()
+  if scale <= mixed_precision.MIN_LOSS_SCALE:
+    raise TrainingError('the gradients overflow float16 even at loss scale %g at step %d: '
+                        'the model diverged. Lower INITIAL_LEARNING_RATE, or train in '
+                        'float32 (drop --use_fp16).' % (scale, step))
 
 
 def print_loss_line(step, loss_value, examples_per_sec, sec_per_batch):
@@ -808,6 +879,11 @@ def check_flags(also_positive=()):
              'files with their own published md5s. Drop --data_md5.' % FLAGS.dataset)
   if FLAGS.seed is not None and FLAGS.seed < 0:
     sys.exit('error: --seed must be 0 or more, got %d' % FLAGS.seed)
+  if FLAGS.use_fp16 and FLAGS.async_towers:
+    sys.exit('error: --use_fp16 cannot train --async_towers: the towers share one loss '
+             'scale, and one tower halving it while another is between scaling its loss '
+             'and unscaling its gradients would apply that tower\'s gradients at twice or '
+             'half their size. Drop one of the two.')
   if FLAGS['seed'].present and FLAGS['async_towers'].present and FLAGS.async_towers:
     sys.exit('error: --seed cannot repeat an --async_towers run: the towers race for the '
              'shared variables by design, so the order of updates differs from run to run. '
