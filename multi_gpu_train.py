@@ -336,6 +336,8 @@ def build_summaries(watched, tower_losses, grads, lr, model=cifar10, loss_scale=
     watched: indices of the towers whose losses and activations are summarised.
     tower_losses: every tower's total loss; grads: [(gradient, variable), ...].
     loss_scale: fp16: float32 scalar, the scale of this step's gradients; or None.
+      The histograms then leave out inf and NaN, which a step skipped after an
+      overflow holds (HistogramSummary refuses them).
 
   The raw summary ops take the tag as given; tf.summary.* would derive it from
   the graph's name scopes and uniquify it ('total_loss_1').
@@ -362,6 +364,9 @@ def build_summaries(watched, tower_losses, grads, lr, model=cifar10, loss_scale=
     histograms[var.op.name] = var
     histograms[var.op.name + '/gradients'] = grad
   with tf.name_scope('summaries'):
+    if loss_scale is not None:
+      histograms = {tag: tf.boolean_mask(x, tf.math.is_finite(x))
+                    for tag, x in histograms.items()}
     return tf.compat.v1.summary.merge(
         [tf.raw_ops.ScalarSummary(tags=tag, values=value) for tag, value in scalars.items()] +
         [tf.raw_ops.HistogramSummary(tag=tag, values=value)
