@@ -30,7 +30,8 @@ def build_trainer(config):
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
   pipeline's own prefetch; 0: none), summaries (build the summary op), seed
   (optional; real input through the trainer's --seed pipeline), dataset (optional:
-  a key of multi_gpu_train.DATASETS; default cifar10).
+  a key of multi_gpu_train.DATASETS; default cifar10), use_fp16 (optional: the
+  trainer's --use_fp16 graph).
 
   Returns:
     a Trainer.
@@ -53,7 +54,8 @@ def build_trainer(config):
       next_batch, input_init = iterator.get_next, iterator.initializer
   graph = multi_gpu_train.build(next_batch, devices, batch_size,
                                 data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
-                                summaries=config['summaries'])
+                                summaries=config['summaries'],
+                                use_fp16=config.get('use_fp16', False))
   session_config = placement.session_config(num_cpu_devices, placement.SessionOptions(
       intra_op_threads=config['intra'], inter_op_threads=config['inter']))
   if config['xla']:

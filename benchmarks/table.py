@@ -15,6 +15,8 @@ MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
 MNIST_TOWERS = 2                  # the MNIST row: the book's 2 towers ...
 MNIST_BATCH_SIZE = 100            # ... of 100 images
+# The --use_fp16 row: at the table's first N only, synthetic input. On a CPU without
+# float16 arithmetic it is slower than float32, not faster (docs/performance.md).
 
 
 def flop_count(layers):
@@ -57,7 +59,7 @@ def run_table(args, data_dir):
     dict for the JSON: flops_per_example, matmul, pipeline, towers (a row per N),
     dist (None with --skip_dist), targets, runs (every worker's raw result).
   """
-  per_repeat = (3 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
+  per_repeat = (4 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
@@ -95,6 +97,8 @@ def run_repeat(args, data_dir, runner, runs, repeat):
   run('mnist', 'ours MNIST N=%d synthetic' % MNIST_TOWERS,
       ours_config(args, MNIST_TOWERS, 'synthetic', dataset='mnist',
                   batch_size=MNIST_BATCH_SIZE))
+  run('fp16', 'ours N=%d synthetic --use_fp16' % args.towers[0],
+      ours_config(args, args.towers[0], 'synthetic', use_fp16=True))
 
 
 def summarise(args, runs, layers):
@@ -118,7 +122,10 @@ def summarise(args, runs, layers):
   return dict(flops_per_example=dict(flops, layers=layers),
               matmul=dict(size=args.matmul_size, gflops=matmul_gflops,
                           per_repeat=[r['gflops'] for r in runs['matmul']]),
-              pipeline=pipeline, towers=rows, mnist=rate_stats(runs['mnist']))
+              pipeline=pipeline, towers=rows, mnist=rate_stats(runs['mnist']),
+              fp16=dict(rate_stats(runs['fp16']), towers=args.towers[0],
+                        over_float32=ratio(rate_stats(runs['fp16']),
+                                           rows[str(args.towers[0])]['synthetic'])))
 
 
 def print_table(args, table):
@@ -156,3 +163,8 @@ def print_table(args, table):
   print('MNIST, the book\'s network (397,510 parameters), %d towers x %d images, synthetic '
         'input: %s examples/sec' % (MNIST_TOWERS, MNIST_BATCH_SIZE,
                                     rate(table['mnist']).strip()))
+  fp16 = table['fp16']
+  print('--use_fp16, N=%d synthetic: %s examples/sec, %.2fx float32\'s synthetic rate: '
+        'this CPU has no float16 arithmetic, so its float16 convolutions and matmuls run '
+        'slower kernels than float32\'s, plus the casts; the gain is on GPUs with tensor '
+        'cores' % (fp16['towers'], rate(fp16).strip(), fp16['over_float32']))
