@@ -181,7 +181,8 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noq
       writer = writer or tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)
       writer.add_summary(tf.compat.v1.Summary(value=[
           tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
-          tf.compat.v1.Summary.Value(tag='cross_entropy', simple_value=loss)]), step)
+          # The trainer's tag: TensorBoard draws the test set's beside the training one.
+          tf.compat.v1.Summary.Value(tag='1_loss/cross_entropy', simple_value=loss)]), step)
       writer.flush()
       last_path = path
     if FLAGS.run_once:

@@ -114,6 +114,11 @@ flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, r
 
 TrainingError = training_run.TrainingError
 
+# TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
+# name: these two come before the layers' conv1/, local3/, ...
+LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
+TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
+
 
 def tower_loss(scope, images, labels, model=cifar10):
   """Builds one tower and returns its total loss.
@@ -348,13 +353,13 @@ def build_summaries(watched, tower_losses, grads, lr, model=cifar10, loss_scale=
     prefix = '%s_%d/' % (model.TOWER_NAME, i)
     total.append(tower_losses[i])
     cross_entropy.extend(tf.compat.v1.get_collection(model.CROSS_ENTROPY, prefix))
-    scalars[prefix + 'total_loss'] = total[-1]
-    scalars[prefix + 'cross_entropy'] = cross_entropy[-1]
-  scalars['total_loss'] = tf.reduce_mean(total)
-  scalars['cross_entropy'] = tf.reduce_mean(cross_entropy)
-  scalars['learning_rate'] = lr
+    scalars[LOSS_TAGS + prefix + 'total_loss'] = total[-1]
+    scalars[LOSS_TAGS + prefix + 'cross_entropy'] = cross_entropy[-1]
+  scalars[LOSS_TAGS + 'total_loss'] = tf.reduce_mean(total)
+  scalars[LOSS_TAGS + 'cross_entropy'] = tf.reduce_mean(cross_entropy)
+  scalars[TRAINING_TAGS + 'learning_rate'] = lr
   if loss_scale is not None:
-    scalars['loss_scale'] = loss_scale
+    scalars[TRAINING_TAGS + 'loss_scale'] = loss_scale
   first = '%s_%d/' % (model.TOWER_NAME, watched[0])
   for x in tf.compat.v1.get_collection(model.ACTIVATIONS, first):
     layer = x.op.name[len(first):].split('/')[0]  # tower_0/conv1/conv1 -> conv1
@@ -801,7 +806,7 @@ def write_summary(writer, summary, step, examples_per_sec):
   writer.add_summary(summary, step)
   if examples_per_sec is not None:
     writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-        tag='examples_per_sec', simple_value=examples_per_sec)]), step)
+        tag=TRAINING_TAGS + 'examples_per_sec', simple_value=examples_per_sec)]), step)
 
 
 def _last_checkpoint_note(last_saved):

@@ -73,19 +73,22 @@ def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, 
   assert which == "raw weights" and step == "400"
   assert raw_loss != averaged_loss  # the shadow values really were restored
   assert _files(train_dir) == before  # nothing of the trainer's was touched
-  assert {'Precision @ 1', 'cross_entropy'} <= _tags(str(tmp_path))
+  assert {'Precision @ 1', '1_loss/cross_entropy'} <= _tags(str(tmp_path))
 
 
 def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
   tags = _tags(trained[1])
-  expected = {'total_loss', 'cross_entropy', 'learning_rate', 'examples_per_sec',
-              'tower_0/total_loss', 'tower_1/total_loss', 'tower_0/cross_entropy',
-              'tower_1/cross_entropy', 'conv1/activations', 'conv1/sparsity',
+  expected = {'1_loss/total_loss', '1_loss/cross_entropy', '2_training/learning_rate',
+              '2_training/examples_per_sec', '1_loss/tower_0/total_loss',
+              '1_loss/tower_1/total_loss', '1_loss/tower_0/cross_entropy',
+              '1_loss/tower_1/cross_entropy', 'conv1/activations', 'conv1/sparsity',
               'local3/activations', 'softmax_linear/sparsity', 'conv1/weights',
               'conv1/weights/gradients', 'local4/biases/gradients'}
   assert expected <= tags, expected - tags
-  assert not [t for t in tags if t.startswith('tower_') and 'loss' not in t
-              and 'cross_entropy' not in t]
+  assert not [t for t in tags if 'tower_' in t and not t.startswith('1_loss/tower_')]
+  # TensorBoard lists the groups by name: the losses first, then the rate, then layers.
+  groups = sorted({t.split('/')[0] for t in tags})
+  assert groups[:2] == ['1_loss', '2_training'], groups
 
 
 def _tensorboard_steps(directory, tag):
@@ -101,8 +104,9 @@ def _tensorboard_steps(directory, tag):
 
 def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(trained):
   # 400 steps, summaries every 50: the variables at steps 0, 50, ..., 350, then the end.
-  assert _tensorboard_steps(trained[1], 'total_loss') == [list(range(0, 400, 50)) + [400]]
-  for tag in ('learning_rate', 'tower_1/cross_entropy', 'conv1/sparsity'):
+  assert _tensorboard_steps(trained[1], '1_loss/total_loss') == [
+      list(range(0, 400, 50)) + [400]]
+  for tag in ('2_training/learning_rate', '1_loss/tower_1/cross_entropy', 'conv1/sparsity'):
     assert _tensorboard_steps(trained[1], tag) == [list(range(0, 400, 50)) + [400]]
 
 
@@ -111,7 +115,7 @@ def test_resumed_run_stopping_before_next_summary_step_still_writes_one(tmp_path
   for max_steps in (7, 9):
     multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8,
                           max_steps=max_steps, summary_steps=5, data_md5=sample.md5))
-  assert _tensorboard_steps(str(tmp_path / 'train'), 'total_loss') == [[0, 5, 7], [9]]
+  assert _tensorboard_steps(str(tmp_path / 'train'), '1_loss/total_loss') == [[0, 5, 7], [9]]
 
 
 def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained):

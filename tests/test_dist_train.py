@@ -318,7 +318,7 @@ def test_async_two_workers_both_train_to_exactly_max_steps(async_run):
   [events] = glob.glob(os.path.join(train_dir, 'events.out.tfevents.*'))
   tags = {value.tag for event in tf.compat.v1.train.summary_iterator(events)
           for value in event.summary.value}
-  assert {'total_loss', 'learning_rate'} <= tags
+  assert {'1_loss/total_loss', '2_training/learning_rate'} <= tags
 
 
 @pytest.mark.slow

@@ -414,7 +414,7 @@ def test_trainer_fp16_mnist_two_towers_learns_sample_like_float32(mnist_sample, 
   checkpoint = _checkpoint(tmp_path / 'train')
   assert checkpoint['loss_scale/skipped_steps'] == len(skips) and checkpoint['global_step'] == 200
   assert checkpoint['layer1/weights'].dtype == np.float32
-  scales = _scalars(tmp_path / 'train', 'loss_scale')
+  scales = _scalars(tmp_path / 'train', '2_training/loss_scale')
   # Step 0's summary is of its applied try, after 8 skips: 32768 / 2^8.
   assert scales[0] == 128.0 and scales[200] == checkpoint['loss_scale/scale']
 

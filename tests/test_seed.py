@@ -44,7 +44,7 @@ def _losses(train_dir):
   for path in sorted(glob.glob(os.path.join(str(train_dir), 'events.out.tfevents.*'))):
     events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
     events.Reload()
-    losses.update((e.step, e.value) for e in events.Scalars('total_loss'))
+    losses.update((e.step, e.value) for e in events.Scalars('1_loss/total_loss'))
   return losses
 
 
