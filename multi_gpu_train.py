@@ -11,9 +11,10 @@ virtual CPU devices instead (start-up says so).
 
 Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 (cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
-Speed on a 2-core CPU without GPUs: about 700 examples/sec with 1, 2 or 4 towers,
-1.4-1.6x the Keras MirroredStrategy peers (benchmarks/benchmark.py; README
-"Performance").
+Speed on a 2-core CPU without GPUs: about 700 examples/sec with 1, 2 or 4 towers
+with TensorFlow's default kernels, 1.4-1.6x that with oneDNN, which --onednn=auto
+turns on there (README "oneDNN on where it wins"); 1.4-1.6x the Keras
+MirroredStrategy peers (benchmarks/benchmark.py; README "Performance").
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
 --seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """
