@@ -35,15 +35,19 @@ Per worker step, expect multi_gpu_train.py's time per step plus the time to send
 the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 """
 import os
+import sys
+
+import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+if __name__ == '__main__':  # a program, not a module imported by another (tests)
+  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
 
 import collections
 import contextlib
 import datetime
 import ipaddress
 import socket
-import sys
 import threading
 import time
 import typing
@@ -662,6 +666,7 @@ def print_start(run, graph, settings, model, epoch):
   batch_size, num_towers = settings.batch_size, len(run.devices)
   print('TensorFlow %s; %s of %d (worker 0 is the chief); %s' % (
       tf.__version__, run.who, run.num_workers, run.where))
+  print(onednn.start_line())
   print('ps tasks %s hold %d trainable parameters' % (','.join(run.ps_hosts), num_params))
   replicas_to_aggregate = graph.replicas_to_aggregate
   if replicas_to_aggregate:

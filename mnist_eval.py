@@ -13,8 +13,13 @@ It only reads --checkpoint_dir: it never writes, locks or deletes the trainer's
 files. Results go to stdout and to TensorBoard event files in --eval_dir.
 """
 import os
+import sys
+
+import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+if __name__ == '__main__':  # a program, not a module imported by another (tests)
+  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
 
 from absl import app
 from absl import flags

@@ -11,20 +11,25 @@ virtual CPU devices instead (start-up says so).
 
 Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 (cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
-Speed on a 2-core CPU without GPUs: about 700 examples/sec with 1, 2 or 4 towers,
-1.4-1.6x the Keras MirroredStrategy peers (benchmarks/benchmark.py; README
-"Performance").
+Speed on a 2-core CPU without GPUs: about 700 examples/sec with 1, 2 or 4 towers
+with TensorFlow's default kernels, 1.4-1.6x that with oneDNN, which --onednn=auto
+turns on there (README "oneDNN on where it wins"); 1.4-1.6x the Keras
+MirroredStrategy peers (benchmarks/benchmark.py; README "Performance").
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
 --seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """
 import os
+import sys
+
+import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+if __name__ == '__main__':  # a program, not a module imported by another (tests)
+  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
 
 import collections
 import contextlib
 import datetime
-import sys
 import threading
 import time
 import typing
@@ -108,6 +113,9 @@ flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s 
                    'this process takes (per_process_gpu_memory_fraction); 0: no cap.')
 flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
 flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
+flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on '
+                  'where measured faster for this model (x86 with AVX2), else TensorFlow\'s '
+                  'default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before TensorFlow loads.')
 flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, record order, '
                      'distortions) so that the same command repeats exactly, whatever '
                      'the towers, and a resumed run equals an uninterrupted one.')
@@ -577,6 +585,7 @@ def run_record(flag_values, settings, devices, start_step, data, extra_constants
       ('flags', flag_values or {}),
       ('constants', constants),
       ('tensorflow', tf.__version__),
+      ('onednn', onednn.record()),
       ('devices', devices),
       ('data', data_read(data.input, settings)),
   ])
@@ -596,10 +605,11 @@ def data_read(data_input, settings):
 
 
 def print_start(graph, where, settings, model, epoch):
-  """The start-up lines: devices, global batch, parameters, learning-rate schedule."""
+  """The start-up lines: devices, oneDNN, global batch, parameters, learning-rate schedule."""
   num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
   batch_size, num_gpus = settings.batch_size, settings.num_gpus
   print('TensorFlow %s; %s' % (tf.__version__, where))
+  print(onednn.start_line())
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       batch_size * num_gpus, batch_size, num_gpus,
       ' (async: each update applies %d)' % batch_size if settings.async_towers else '',

@@ -56,7 +56,7 @@ BATCH_SIZE = 128                  # images per tower, as the trainer's BATCH_SIZ
 TIMED_STEPS = 15                  # steps timed per configuration; the median is reported
 WARMUP_STEPS = 5                  # untimed steps first: graph optimisation, buffers filling
 REPEATS = 1                       # times the whole interleaved sequence runs
-DIST_TOWERS = 2                   # towers per worker in the distribution rows
+DIST_TOWERS = 1                   # towers per worker in the distribution rows (the target's)
 RECORDS_PER_FILE = 10000          # generated records per .bin file, as the official files
 MATMUL_SIZE = 2048                # n of the n x n float32 matmul: 2 n^3 FLOP = 17.2 GFLOP
 RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'results')

@@ -1,7 +1,8 @@
 """--knobs: session and input knobs at KNOB_TOWERS towers, each against the first row."""
 import os
 
-from runner import Runner, flatten, ours_config, rate, rate_stats, ratio, repeat_tag
+from runner import (OURS_ONEDNN, Runner, flatten, onednn_name, ours_config, rate,
+                    rate_stats, ratio, repeat_tag)
 
 KNOB_TOWERS = 2                   # towers of every knob run
 SEEDED_OVER_UNSEEDED = 0.95       # target: the --seed pipeline against the unseeded one
@@ -19,8 +20,8 @@ def knobs_to_run():
   --seed       real input through the trainer's seeded pipeline (records picked
                by index_shuffle from (seed, step), one global batch a step),
                against the unseeded one
-  oneDNN       TF_ENABLE_ONEDNN_OPTS=1: TensorFlow's oneDNN kernels, which it
-               leaves off by default on some CPUs (this machine's AMD EPYC, AVX2)
+  oneDNN       every row runs at the trainer's default (onednn.py; on, on this
+               machine's AMD EPYC with AVX2); this one at the other setting
   """
   xla_flags = (os.environ.get('TF_XLA_FLAGS', '') + ' --tf_xla_cpu_global_jit').strip()
   return [('threads 0/0 (one per core)', dict(intra=0, inter=0), None),
@@ -32,7 +33,8 @@ def knobs_to_run():
           ('real input + prefetch(%d)' % KNOB_TOWERS,
            dict(intra=0, inter=0, input='real', extra_prefetch=KNOB_TOWERS), None),
           ('real input, --seed=1', dict(intra=0, inter=0, input='real', seed=1), None),
-          ('oneDNN on', dict(intra=0, inter=0), dict(TF_ENABLE_ONEDNN_OPTS='1'))]
+          ('oneDNN %s' % onednn_name(not OURS_ONEDNN), dict(intra=0, inter=0,
+                                                             onednn=not OURS_ONEDNN), None)]
 
 
 def run_knobs(args, data_dir):
@@ -50,8 +52,8 @@ def run_knobs(args, data_dir):
   baseline = rate_stats(runs[knobs[0][0]])
   rows = {}
   print()
-  print('Knobs at %d towers, batch %d per tower, synthetic input unless said; '
-        'threads are intra/inter' % (KNOB_TOWERS, args.batch_size))
+  print('Knobs at %d towers, batch %d per tower, synthetic input and oneDNN %s unless said; '
+        'threads are intra/inter' % (KNOB_TOWERS, args.batch_size, onednn_name(OURS_ONEDNN)))
   print('%-28s  %-20s  vs first  peak MB  note' % ('knob', 'ex/s'))
   for name, _, _ in knobs:
     stats = rate_stats(runs[name])

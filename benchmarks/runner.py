@@ -4,6 +4,7 @@ Imports no TensorFlow: every number comes from a worker.py subprocess.
 """
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -11,8 +12,22 @@ import time
 
 from timing import RESULT_PREFIX, BenchmarkError
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'worker.py')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # onednn, which imports no TensorFlow either
+import onednn  # noqa: E402  after the path
+
+WORKER = os.path.join(ROOT, 'benchmarks', 'worker.py')
 WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed
+
+# oneDNN in the workers: a config's 'onednn' is True, False, or None (TensorFlow's own
+# default, the variable unset). OURS is what multi_gpu_train.py picks here with no
+# --onednn (the user's TF_ENABLE_ONEDNN_OPTS included); TENSORFLOWS what TensorFlow does
+# with the variable unset, the peers' default.
+OURS_ONEDNN = onednn.decide('auto', os.environ, platform.machine(), onednn.cpu_flags()).on
+OURS_SEEDED_ONEDNN = onednn.decide('auto', os.environ, platform.machine(),
+                                   onednn.cpu_flags(), seeded=True).on  # with --seed
+TENSORFLOWS_ONEDNN = onednn.tensorflow_default(platform.machine(), onednn.cpu_flags())
+ONEDNN_SETTINGS = (False, True)   # every configuration of the table runs under both
 
 
 class Runner:
@@ -27,8 +42,7 @@ class Runner:
     start = time.time()
     try:
       proc = subprocess.run(command, capture_output=True, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {})),
-                            timeout=WORKER_TIMEOUT_SECS)
+                            env=worker_env(config, env), timeout=WORKER_TIMEOUT_SECS)
     except subprocess.TimeoutExpired as e:
       raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps or '
                            '--batch_size' % (label, WORKER_TIMEOUT_SECS)) from e
@@ -49,6 +63,22 @@ class Runner:
     self.done += 1
     print('[%2d/%d] %s%s (%.0f s)' % (self.done, self.total, label, note, wall_sec),
           file=sys.stderr, flush=True)
+
+
+def worker_env(config, env=None):
+  """The worker's environment: ours, quiet TensorFlow, env, and config['onednn'] if given."""
+  environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {}))
+  if 'onednn' in config:  # this configuration's setting, whatever the user's shell has
+    environ.pop(onednn.SET_HERE_ENV, None)
+    environ.pop(onednn.ENV, None)
+    if config['onednn'] is not None:
+      environ[onednn.ENV] = '1' if config['onednn'] else '0'
+  return environ
+
+
+def onednn_name(on):
+  """'on', 'off' or 'TF default' for labels."""
+  return {True: 'on', False: 'off', None: 'TF default'}[on]
 
 
 def _rate_note(result):
@@ -103,11 +133,13 @@ def fmt(value, pattern):
 
 
 def ours_config(args, towers, input_name, data_dir=None, **overrides):
-  """A worker config for the trainer's graph; overrides set the knobs."""
+  """A worker config for the trainer's graph, at its default oneDNN; overrides set the knobs."""
   config = dict(kind='ours', towers=towers, batch_size=args.batch_size, input=input_name,
                 data_dir=data_dir, steps=args.steps, warmup=args.warmup,
                 intra=args.intra_op_threads, inter=args.inter_op_threads, xla=False,
-                extra_prefetch=0, summaries=False)
+                extra_prefetch=0, summaries=False, onednn=OURS_ONEDNN)
+  if overrides.get('seed') is not None and 'onednn' not in overrides:
+    config['onednn'] = OURS_SEEDED_ONEDNN  # the trainer's default with --seed
   config.update(overrides)
   return config
 

@@ -1,15 +1,21 @@
 """The main table: the trainer against both Keras peers at each N, and the machine's rates.
 
-Each repeat runs, in this order: the matmul, the input pipeline alone, then at each
-N ours on synthetic input, the custom-loop peer, the model.fit peer and ours on
-real input, so that a change in the machine's load shows in all of them alike;
-then the distribution rows (dist_rows.py). The targets (targets.py) come last.
+Each repeat runs, in this order: the matmul under each oneDNN setting, the input
+pipeline alone, then at each N ours on synthetic input, the custom-loop peer and
+the model.fit peer, each with oneDNN off and then on, ours on real input (at its
+default) and, at N=1, ours on real input with --seed, so that a change in the
+machine's load shows in all of them alike; then the distribution rows
+(dist_rows.py). The targets (targets.py) come last: ours at its default oneDNN
+against the peers at TensorFlow's (runner.OURS_ONEDNN, runner.TENSORFLOWS_ONEDNN);
+the table shows both peers under both settings, so the comparison at the same
+setting is there too.
 """
 import statistics
 
 import dist_rows
 import targets
-from runner import Runner, flatten, fmt, ours_config, rate, rate_stats, ratio, repeat_tag
+from runner import (ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN, Runner, flatten, fmt,
+                    onednn_name, ours_config, rate, rate_stats, ratio, repeat_tag)
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
@@ -17,6 +23,7 @@ MNIST_TOWERS = 2                  # the MNIST row: the book's 2 towers ...
 MNIST_BATCH_SIZE = 100            # ... of 100 images
 # The --use_fp16 row: at the table's first N only, synthetic input. On a CPU without
 # float16 arithmetic it is slower than float32, not faster (docs/performance.md).
+SEED = 1                          # the seeded row: ours at N=1, real input, --seed=SEED
 
 
 def flop_count(layers):
@@ -59,7 +66,9 @@ def run_table(args, data_dir):
     dict for the JSON: flops_per_example, matmul, pipeline, towers (a row per N),
     dist (None with --skip_dist), targets, runs (every worker's raw result).
   """
-  per_repeat = (4 + len(args.towers) * (2 if args.skip_peer else 2 + len(PEERS)) +
+  settings = len(ONEDNN_SETTINGS)
+  per_repeat = (settings + 3 + len(args.towers) * (
+      1 + settings * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
@@ -83,17 +92,27 @@ def run_repeat(args, data_dir, runner, runs, repeat):
 
   common = dict(batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
                 intra=args.intra_op_threads, inter=args.inter_op_threads)
-  run('matmul', 'matmul %dx%d' % (args.matmul_size, args.matmul_size),
-      dict(kind='matmul', size=args.matmul_size, runs=MATMUL_RUNS))
-  run('pipeline', 'input pipeline alone', dict(kind='pipeline', data_dir=data_dir, **common))
+  for on in ONEDNN_SETTINGS:
+    run(('matmul', on), 'matmul %dx%d oneDNN %s' % (args.matmul_size, args.matmul_size,
+                                                    onednn_name(on)),
+        dict(kind='matmul', size=args.matmul_size, runs=MATMUL_RUNS, onednn=on))
+  run('pipeline', 'input pipeline alone', dict(kind='pipeline', data_dir=data_dir,
+                                               onednn=OURS_ONEDNN, **common))
   for towers in args.towers:
-    run(('synthetic', towers), 'ours N=%d synthetic' % towers,
-        ours_config(args, towers, 'synthetic'))
+    for on in ONEDNN_SETTINGS:
+      run(('synthetic', towers, on), 'ours N=%d synthetic oneDNN %s' % (towers,
+                                                                        onednn_name(on)),
+          ours_config(args, towers, 'synthetic', onednn=on))
     for kind, name in [] if args.skip_peer else PEERS:
-      run((kind, towers), '%s N=%d synthetic' % (name, towers),
-          dict(kind=kind, towers=towers, **common))
+      for on in ONEDNN_SETTINGS:
+        run((kind, towers, on), '%s N=%d synthetic oneDNN %s' % (name, towers,
+                                                                 onednn_name(on)),
+            dict(kind=kind, towers=towers, onednn=on, **common))
     run(('real', towers), 'ours N=%d real' % towers,
         ours_config(args, towers, 'real', data_dir))
+    if towers == 1:
+      run('seeded', 'ours N=1 real --seed=%d' % SEED,
+          ours_config(args, 1, 'real', data_dir, seed=SEED))
   run('mnist', 'ours MNIST N=%d synthetic' % MNIST_TOWERS,
       ours_config(args, MNIST_TOWERS, 'synthetic', dataset='mnist',
                   batch_size=MNIST_BATCH_SIZE))
@@ -101,65 +120,118 @@ def run_repeat(args, data_dir, runner, runs, repeat):
       ours_config(args, args.towers[0], 'synthetic', use_fp16=True))
 
 
+def at(stats, on):
+  """stats under oneDNN setting `on`; None (TensorFlow's default, not x86) takes off's."""
+  return stats[bool(on)]
+
+
 def summarise(args, runs, layers):
-  """The table's numbers: medians over repeats, ratios, FLOP rates."""
+  """The table's numbers: medians over repeats, ratios, FLOP rates.
+
+  Per N: synthetic, peer and fit at each oneDNN setting ({False: stats, True:
+  stats}); the ratios the targets read compare ours at its default with the peers
+  at TensorFlow's; *_same_setting compares them with both at ours.
+  """
   flops = flop_count(layers)
-  matmul_gflops = statistics.median(r['gflops'] for r in runs['matmul'])
+  matmul = {on: statistics.median(r['gflops'] for r in runs[('matmul', on)])
+            for on in ONEDNN_SETTINGS}
   pipeline = rate_stats(runs['pipeline'])
   rows = {}
   for towers in args.towers:
-    stats = {kind: rate_stats(runs[(kind, towers)]) if (kind, towers) in runs else None
-             for kind in ('real', 'synthetic', 'peer', 'fit')}
-    achieved = stats['synthetic']['examples_per_sec'] * flops['total'] / 1e9
+    by_setting = {kind: {on: rate_stats(runs[(kind, towers, on)])
+                         for on in ONEDNN_SETTINGS} if (kind, towers, False) in runs else None
+                  for kind in ('synthetic', 'peer', 'fit')}
+    ours = at(by_setting['synthetic'], OURS_ONEDNN)
+    peer, fit = [at(by_setting[kind], TENSORFLOWS_ONEDNN) if by_setting[kind] else None
+                 for kind in ('peer', 'fit')]
+    real = rate_stats(runs[('real', towers)])
+    achieved = ours['examples_per_sec'] * flops['total'] / 1e9
     rows[str(towers)] = dict(
-        stats, global_batch=towers * args.batch_size,
-        real_over_synthetic=ratio(stats['real'], stats['synthetic']),
-        ours_over_peer=ratio(stats['synthetic'], stats['peer']),
-        ours_over_fit=ratio(stats['synthetic'], stats['fit']),
-        achieved_gflops=achieved, fraction_of_matmul=achieved / matmul_gflops,
-        real_achieved_gflops=stats['real']['examples_per_sec'] * flops['total'] / 1e9,
-        pipeline_over_synthetic=ratio(pipeline, stats['synthetic']))
+        by_setting, real=real, synthetic_default=ours, peer_default=peer, fit_default=fit,
+        global_batch=towers * args.batch_size,
+        real_over_synthetic=ratio(real, ours),
+        ours_over_peer=ratio(ours, peer), ours_over_fit=ratio(ours, fit),
+        ours_over_peer_same_setting=ratio(ours, by_setting['peer'] and
+                                          at(by_setting['peer'], OURS_ONEDNN)),
+        ours_over_fit_same_setting=ratio(ours, by_setting['fit'] and
+                                         at(by_setting['fit'], OURS_ONEDNN)),
+        onednn_on_over_off={kind: ratio(stats[True], stats[False])
+                            for kind, stats in by_setting.items() if stats},
+        achieved_gflops=achieved,
+        fraction_of_matmul=achieved / matmul[bool(OURS_ONEDNN)],
+        real_achieved_gflops=real['examples_per_sec'] * flops['total'] / 1e9,
+        pipeline_over_synthetic=ratio(pipeline, ours))
+    if towers == 1:
+      rows['1']['seeded'] = rate_stats(runs['seeded'])
+      rows['1']['seeded_over_unseeded'] = ratio(rows['1']['seeded'], real)
   return dict(flops_per_example=dict(flops, layers=layers),
-              matmul=dict(size=args.matmul_size, gflops=matmul_gflops,
-                          per_repeat=[r['gflops'] for r in runs['matmul']]),
+              onednn=dict(ours=OURS_ONEDNN, tensorflows=TENSORFLOWS_ONEDNN),
+              matmul=dict(size=args.matmul_size, gflops=matmul[bool(OURS_ONEDNN)],
+                          by_setting=matmul,
+                          per_repeat={on: [r['gflops'] for r in runs[('matmul', on)]]
+                                      for on in ONEDNN_SETTINGS}),
               pipeline=pipeline, towers=rows, mnist=rate_stats(runs['mnist']),
               fp16=dict(rate_stats(runs['fp16']), towers=args.towers[0],
                         over_float32=ratio(rate_stats(runs['fp16']),
-                                           rows[str(args.towers[0])]['synthetic'])))
+                                           rows[str(args.towers[0])]['synthetic_default'])))
 
 
 def print_table(args, table):
   """The lines above the table (FLOPs, matmul, pipeline, how rates are taken), then it."""
   flops, layers = table['flops_per_example'], table['flops_per_example']['layers']
+  matmul = table['matmul']['by_setting']
   print()
   print('FLOPs per example: %.1f M = forward %.2f M + weight gradients %.2f M + input '
         'gradients %.2f M (%s)' % (
             flops['total'] / 1e6, flops['forward'] / 1e6, flops['backward_weights'] / 1e6,
             flops['backward_inputs'] / 1e6,
             ', '.join('%s %.2f' % (l['name'], 2 * l['macs'] / 1e6) for l in layers)))
-  print('float32 matmul %dx%d: %.1f GFLOP/s (median of %d, all cores); input pipeline '
-        'alone: %s images/sec' % (args.matmul_size, args.matmul_size,
-                                  table['matmul']['gflops'], MATMUL_RUNS,
-                                  rate(table['pipeline'], 1).strip()))
+  print('float32 matmul %dx%d: %.1f GFLOP/s with oneDNN off, %.1f on (median of %d, all '
+        'cores); input pipeline alone: %s images/sec' % (
+            args.matmul_size, args.matmul_size, matmul[False], matmul[True], MATMUL_RUNS,
+            rate(table['pipeline'], 1).strip()))
   print('examples/sec: median of %d timed steps after %d warm-up [slowest-fastest step]%s; '
         'batch %d per tower; threads intra %d inter %d' % (
             args.steps, args.warmup, ', median of %d repeats' % args.repeats
             if args.repeats > 1 else '', args.batch_size, args.intra_op_threads,
             args.inter_op_threads))
+  print('oneDNN: ours by default %s (onednn.py), TensorFlow by default %s. ours/peer, '
+        'ours/fit: ours at its default over the peer at the row\'s setting' % (
+            onednn_name(OURS_ONEDNN), onednn_name(TENSORFLOWS_ONEDNN)))
   print()
-  print('towers  global  %-20s  %-20s  real/syn  %-20s  ours/peer  %-20s  ours/fit  '
-        'GFLOP/s  of mm  peak MB real/syn/peer/fit' % (
-            'real ex/s', 'synthetic ex/s', 'custom-loop peer', 'model.fit peer'))
+  print('towers  oneDNN  %-20s  %-20s  ours/peer  %-20s  ours/fit  GFLOP/s  of mm  '
+        'peak MB syn/peer/fit' % ('ours synthetic ex/s', 'custom-loop peer',
+                                  'model.fit peer'))
   for towers in args.towers:
     row = table['towers'][str(towers)]
-    print('%6d  %6d  %s  %s  %8s  %s  %9s  %s  %8s  %7.1f  %4.0f%%  %s' % (
-        towers, row['global_batch'], rate(row['real']), rate(row['synthetic']),
-        fmt(row['real_over_synthetic'], '%.2f'), rate(row['peer']),
-        fmt(row['ours_over_peer'], '%.2f'), rate(row['fit']),
-        fmt(row['ours_over_fit'], '%.2f'), row['achieved_gflops'],
-        100 * row['fraction_of_matmul'],
-        '/'.join('%.0f' % row[k]['peak_mb'] if row[k] else '-'
-                 for k in ('real', 'synthetic', 'peer', 'fit'))))
+    ours = row['synthetic_default']
+    for on in ONEDNN_SETTINGS:
+      stats = {kind: row[kind][on] if row[kind] else None for kind in ('synthetic', 'peer',
+                                                                       'fit')}
+      gflops = stats['synthetic']['examples_per_sec'] * flops['total'] / 1e9
+      marks = (('o' if on == bool(OURS_ONEDNN) else '') +
+               ('t' if on == bool(TENSORFLOWS_ONEDNN) else ''))
+      print('%6d  %-3s %-2s  %s  %s  %9s  %s  %8s  %7.1f  %4.0f%%  %s' % (
+          towers, onednn_name(on), marks,
+          rate(stats['synthetic']), rate(stats['peer']),
+          fmt(ratio(ours, stats['peer']), '%.2f'), rate(stats['fit']),
+          fmt(ratio(ours, stats['fit']), '%.2f'), gflops, 100 * gflops / matmul[on],
+          '/'.join('%.0f' % stats[k]['peak_mb'] if stats[k] else '-'
+                   for k in ('synthetic', 'peer', 'fit'))))
+  print('(o: ours\' default oneDNN setting; t: TensorFlow\'s, the peers\' default)')
+  print()
+  print('towers  %-20s  real/syn  oneDNN on/off: ours / peer / fit' % 'ours real ex/s')
+  for towers in args.towers:
+    row = table['towers'][str(towers)]
+    gains = row['onednn_on_over_off']
+    print('%6d  %s  %8s  %s' % (towers, rate(row['real']), fmt(row['real_over_synthetic'],
+                                                                '%.2f'),
+                                ' / '.join(fmt(gains.get(k), '%.2f')
+                                           for k in ('synthetic', 'peer', 'fit'))))
+  if 'seeded' in table['towers'].get('1', {}):
+    row = table['towers']['1']
+    print('N=1 real input with --seed=%d: %s examples/sec, %.2fx unseeded' % (
+        SEED, rate(row['seeded']).strip(), row['seeded_over_unseeded']))
   print('MNIST, the book\'s network (397,510 parameters), %d towers x %d images, synthetic '
         'input: %s examples/sec' % (MNIST_TOWERS, MNIST_BATCH_SIZE,
                                     rate(table['mnist']).strip()))

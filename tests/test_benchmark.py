@@ -44,10 +44,11 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
   assert [t['name'] for t in table['targets']] == [
       'ours / custom-loop peer, every N', 'ours / model.fit peer, every N',
       'ours of matmul rate at N=1', 'real / synthetic input, every N',
-      'dist_train.py 1 worker / multi_gpu_train.py']
+      'seeded / unseeded real input at N=1',
+      'dist_train.py 1 async worker / multi_gpu_train.py']
   for target in table['targets']:
     assert target['verdict'] == 'met' or target['verdict'].startswith('SHORT by '), target
-  assert set(table['targets'][-1]['measured']) == {'async', 'sync'}
+  assert set(table['targets'][-1]['measured']) == {'async'}  # the target's; sync printed
 
 
 @pytest.mark.slow
@@ -56,16 +57,18 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   assert table['flops_per_example']['total'] == FLOPS_PER_EXAMPLE
   assert [l['name'] for l in table['flops_per_example']['layers']] == [
       'conv1', 'conv2', 'local3', 'local4', 'softmax_linear']
-  assert table['matmul']['gflops'] > 0
+  assert table['matmul']['by_setting']['false'] > 0 and table['matmul']['by_setting']['true'] > 0
   assert table['pipeline']['examples_per_sec'] > 0
   row = table['towers']['1']
   assert row['global_batch'] == 16
-  for kind in ('real', 'synthetic', 'peer', 'fit'):
-    stats = row[kind]
-    assert 0 < stats['min'] <= stats['examples_per_sec'] <= stats['max'], (kind, stats)
-    assert stats['peak_mb'] > 0 and stats['steps'] == 3, (kind, stats)
+  every = [row['real'], row['seeded']] + [row[kind][on] for kind in ('synthetic', 'peer', 'fit')
+                                          for on in ('false', 'true')]
+  for stats in every:
+    assert 0 < stats['min'] <= stats['examples_per_sec'] <= stats['max'], stats
+    assert stats['peak_mb'] > 0 and stats['steps'] == 3, stats
   for key in ('real_over_synthetic', 'ours_over_peer', 'ours_over_fit', 'achieved_gflops',
-              'fraction_of_matmul'):
+              'fraction_of_matmul', 'seeded_over_unseeded', 'ours_over_peer_same_setting',
+              'ours_over_fit_same_setting'):
     assert row[key] > 0, key
   assert table['mnist']['examples_per_sec'] > 0  # the book's network, 2 towers x 100
   assert table['dist'][DIST_LABELS[0]]['vs_multi_gpu_train'] == 1.0
@@ -77,12 +80,16 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
 def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(quick):
   table, _ = quick
   runs = {r['label']: r for r in table['runs']}
-  # A fresh model's loss is ln(10) + the weight decay, in ours and in both peers.
-  assert runs['ours N=1 synthetic']['first_loss'] == pytest.approx(4.68, abs=0.05)
-  for label in ('custom-loop peer N=1 synthetic', 'model.fit peer N=1 synthetic'):
-    assert runs[label]['first_loss'] == pytest.approx(
-        runs['ours N=1 synthetic']['first_loss'], abs=0.05), label
-  assert runs['model.fit peer N=1 synthetic']['jit_compile'] is False  # 'auto', no GPU
+  # A fresh model's loss is ln(10) + the weight decay, in ours and in both peers, and
+  # whichever kernels compute it.
+  for setting in ('off', 'on'):
+    ours = runs['ours N=1 synthetic oneDNN %s' % setting]
+    assert ours['config']['onednn'] == (setting == 'on')
+    assert ours['first_loss'] == pytest.approx(4.68, abs=0.05)
+    for label in ('custom-loop peer N=1 synthetic oneDNN %s' % setting,
+                  'model.fit peer N=1 synthetic oneDNN %s' % setting):
+      assert runs[label]['first_loss'] == pytest.approx(ours['first_loss'], abs=0.05), label
+  assert runs['model.fit peer N=1 synthetic oneDNN off']['jit_compile'] is False  # no GPU
   assert runs['ours MNIST N=2 synthetic']['first_loss'] > 10  # unscaled pixels, as the book
   # Two workers: both trained inside the window the rate comes from.
   assert sorted(runs['dist_train.py 2 workers, async']['loss_lines']) == ['worker0',
@@ -141,12 +148,12 @@ def test_window_rate_without_overlap_says_which_task():
 
 
 def test_targets_check_short_target_says_by_how_much(capsys):
-  row = dict(ours_over_peer=1.10, ours_over_fit=1.2, fraction_of_matmul=0.75,
-             real_over_synthetic=0.96)
+  row = dict(ours_over_peer=1.50, ours_over_fit=1.5, fraction_of_matmul=0.75,
+             real_over_synthetic=0.96, seeded_over_unseeded=1.0)
   dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.9),
-          '1 worker sync': dict(workers=1, sync=True, vs_multi_gpu_train=0.6),
+          '1 worker sync': dict(workers=1, sync=True, vs_multi_gpu_train=0.6),  # not a target
           '2 workers': dict(workers=2, sync=False, vs_multi_gpu_train=0.1)}
-  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.4)}, dist)
+  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.7)}, dist)
   assert [r['verdict'] for r in results] == [
-      'met', 'SHORT by 7.7% (N=1: 1.20)', 'met', 'met', 'SHORT by 25.0% (sync: 0.60)']
-  assert 'N=1 1.20, N=2 1.40' in capsys.readouterr().out
+      'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'met', 'met', 'met']
+  assert 'N=1 1.50, N=2 1.70' in capsys.readouterr().out
