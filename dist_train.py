@@ -10,7 +10,16 @@ r"""Trains the CIFAR-10 model on several machines with TensorFlow's parameter se
     python dist_train.py --job_name=worker --task_index=0 ...   # the chief
     python dist_train.py --job_name=worker --task_index=1 ...
 
-ps tasks hold the variables and serve them until they are stopped. Each worker
+    # Kubernetes (Kubeflow TFJob) and Slurm: the cluster from the environment.
+    python dist_train.py --allow_nonloopback_hosts ...        # TF_CONFIG set by TFJob
+    srun python dist_train.py --cluster=slurm --num_ps=1 ...  # see deploy/
+
+ps tasks hold the variables and serve them until every worker has said it has
+finished; then they exit 0, as every task does at the end of training. A
+TF_CONFIG "chief" (or "master") is worker 0; an "evaluator" scores the chief's
+checkpoints and exits once it has scored the last. Exit codes: 0 done, 1 a
+fault a restart cannot cure, 130/143 stopped by a signal, 138 a peer went away
+(restart this task); docs/distributed.md#exit-codes. Each worker
 builds multi_gpu_train.py's graph: --num_gpus towers whose gradients are averaged
 on the worker, so one gradient per worker step leaves the machine.
 - Async (default): each worker applies its own gradient as soon as it is ready.
@@ -46,10 +55,12 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
 import collections
 import contextlib
 import datetime
+import functools
 import ipaddress
 import socket
 import threading
 import time
+import types
 import typing
 
 from absl import app
@@ -57,9 +68,12 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import cluster_env
+import evaluation
 import local_cluster
 import multi_gpu_train  # the towers, the average, the schedule and the flags both share
 import placement
+import ps_shutdown
 import training_run
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
@@ -70,6 +84,7 @@ QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad f
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
+EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
 
 SECURITY_WARNING = (
@@ -101,6 +116,17 @@ flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than 
                      'on a network where everyone who can reach the ports is trusted.')
 flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
                     'with free ports, print their logs, and stop them all at the end.')
+flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm'], 'Where the cluster and this '
+                  'task come from: tf_config (Kubernetes), slurm (srun), or \'\': the flags '
+                  'above when --job_name is given, else TF_CONFIG when set.')
+flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
+                     'step are ps tasks, the rest workers.')
+flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
+                     'task listens on this port + its index among its node\'s tasks.')
+flags.DEFINE_integer('eval_interval_secs', EVAL_INTERVAL_SECS, 'TF_CONFIG\'s evaluator: '
+                     'seconds between looks for a new checkpoint in --train_dir.')
+flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
+                    'files (default: --train_dir/eval).')
 
 # multi_gpu_train flags that mean nothing here, and why.
 REFUSED_FLAGS = {
@@ -118,7 +144,9 @@ REFUSED_FLAGS = {
 for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
   if _flag.name not in REFUSED_FLAGS:
     flags.declare_key_flag(_flag.name)
-LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts']
+LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
+                  'cluster', 'num_ps', 'slurm_port_base']
+SLURM_FLAGS = ['num_ps', 'slurm_port_base']
 TrainingError = training_run.TrainingError
 
 
@@ -163,7 +191,7 @@ def check_loopback(ps_hosts, worker_hosts):
 
 
 def wait_for_ps(ps_hosts, timeout_secs, who):
-  """Returns once every ps port accepts TCP connections; TrainingError after timeout_secs.
+  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs.
 
   TensorFlow itself would wait forever, silently, to open a session on a ps task
   that is not there.
@@ -181,7 +209,7 @@ def wait_for_ps(ps_hosts, timeout_secs, who):
     if not missing:
       return
     if time.time() > deadline:
-      raise TrainingError(
+      raise training_run.PeerGone(
           '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
           'Start them first (python dist_train.py --job_name=ps --task_index=i with the '
           'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
@@ -247,7 +275,7 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
       return manager.wait_for_session(self._master, config=self._config,
                                       max_wait_secs=self._timeout_secs)
     except tf.errors.DeadlineExceededError:
-      raise TrainingError(
+      raise training_run.PeerGone(
           '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
           'tasks. Start worker 0 (or look at its log for an error), or raise '
           '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
@@ -272,7 +300,8 @@ def start_watchdog():
 
   The backstop for the waits TensorFlow cannot time out itself: opening a session
   on a task that has gone away, and MonitoredSession reopening one after a ps
-  task failed. arm(None, '') disarms.
+  task failed. It exits PEER_GONE_EXIT_CODE: a peer went away, restart this task.
+  arm(None, '') disarms.
   """
   state = {'deadline': None, 'message': ''}
 
@@ -282,7 +311,8 @@ def start_watchdog():
       deadline, message = state['deadline'], state['message']
       if deadline and time.time() > deadline:
         print('error: %s' % message, file=sys.stderr, flush=True)
-        os._exit(1)  # the main thread is stuck inside TensorFlow: no clean way out
+        # The main thread is stuck inside TensorFlow: no clean way out.
+        os._exit(training_run.PEER_GONE_EXIT_CODE)
 
   threading.Thread(target=watch, daemon=True).start()
 
@@ -423,22 +453,40 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
     self._writer.close()
 
 
-def run_ps(cluster, task_index):
-  """Serves this ps task's share of the variables until the process is stopped."""
+def run_ps(cluster, task_index, stop):
+  """Serves this ps task's share of the variables until every worker has finished.
+
+  Each worker says so at its very end (ps_shutdown.report_finished); once all
+  have, or the chief has and the rest have not within ps_shutdown.GRACE_SECS,
+  this returns, and the task exits 0 however it was started.
+
+  Args:
+    cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
+    stop: a training_run.StopSignals: Ctrl-C or SIGTERM ends the wait.
+
+  Raises:
+    training_run.Stopped: stopped by a signal before the workers had finished.
+  """
   try:
     server = tf.compat.v1.train.Server(cluster, job_name='ps', task_index=task_index)
   except tf.errors.OpError as e:
     raise TrainingError('ps task %d cannot listen on %s: %s. Is the port in use?'
                         % (task_index, cluster.task_address('ps', task_index),
                            str(e).splitlines()[0])) from e
-  print('ps task %d serving at %s; it runs until stopped (Ctrl-C)'
-        % (task_index, server.target), flush=True)
-  # Not server.join(): that waits inside TensorFlow, where Ctrl-C never arrives.
+  num_workers = cluster.num_tasks('worker')
+  print('ps task %d serving at %s until the %d worker(s) have finished (Ctrl-C stops it)'
+        % (task_index, server.target, num_workers), flush=True)
+  # Not server.join(): that waits inside TensorFlow, where no signal is heard.
   try:
-    while True:
-      time.sleep(3600)
-  except KeyboardInterrupt:
-    print('ps task %d stopped' % task_index)
+    seen = ps_shutdown.wait_for_workers(server, task_index, num_workers,
+                                        should_stop=lambda: stop.requested,
+                                        log=lambda line: print(line, flush=True))
+  except KeyboardInterrupt:  # a second signal
+    seen = ps_shutdown.WorkersSeen([], 'stopped')
+  if seen.why == 'stopped':
+    print('ps task %d stopped by %s' % (task_index, stop.name), flush=True)
+    raise training_run.Stopped(stop.exit_code)
+  print('ps task %d done: training is over' % task_index, flush=True)
 
 
 class WorkerSettings(typing.NamedTuple):
@@ -484,6 +532,12 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     print('Stopped by %s at step %d; rerun the same command to resume.' % (stop.name, step),
           flush=True)
     raise training_run.Stopped(stop.exit_code)
+  # The session is closed, the chief's last checkpoint written: the ps tasks may end.
+  if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
+                                     run.config):
+    print('%s: the ps tasks did not answer within %d s to hear that it has finished; they '
+          'have ended already, or will once the chief has' % (
+              run.who, ps_shutdown.REPORT_TIMEOUT_SECS), flush=True)
   print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
 
 
@@ -737,7 +791,7 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
     except tf.errors.OutOfRangeError:
       break  # async: the other workers have claimed the last updates
     except tf.errors.DeadlineExceededError as e:
-      raise TrainingError(slow_step_message(run, graph, step_timeout_secs)) from e
+      raise training_run.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
     duration = time.time() - start_time
     local_step += 1
     # Sync: this worker's gradient goes into the update after the one its token
@@ -787,27 +841,38 @@ def slow_step_message(run, graph, step_timeout_secs):
           % (run.who, step_timeout_secs, ','.join(run.ps_hosts)))
 
 
-def main(argv):
+def main(argv, slurm_cluster=None):
+  """Runs this task: a ps task, a worker, TF_CONFIG's evaluator, or --local_cluster.
+
+  slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
+  """
   del argv  # absl has already refused unknown flags
-  # First, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step, the
-  # chief saves. ps tasks keep Python's default: they hold nothing of their own.
-  stop = training_run.StopSignals(FLAGS.train_dir) if FLAGS.job_name == 'worker' else None
   local_cluster.die_with_launcher()
   check_flags()
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster())
-  cluster = cluster_from_flags()
+  cluster = cluster_from_flags(slurm_cluster)
+  # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
+  # the chief saves, a ps task stops waiting for the workers.
+  stop = (training_run.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
+          if cluster.job_name != 'evaluator' else None)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
+  settings = multi_gpu_train.settings_from_flags()
+  if cluster.job_name == 'evaluator':
+    run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
+                  FLAGS.eval_interval_secs)
+    return
+  spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
+                                         'worker': cluster.worker_hosts})
   with training_run.one_line_errors():
-    if FLAGS.job_name == 'ps':
-      run_ps(cluster, FLAGS.task_index)
+    if cluster.job_name == 'ps':
+      run_ps(spec, cluster.task_index, stop)
       return
     worker = WorkerSettings(**{name: FLAGS[name].value for name in WorkerSettings._fields})
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
-    train(cluster, FLAGS.task_index, multi_gpu_train.settings_from_flags(), worker,
-          stop=stop, flag_values=flag_values)
+    train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
 
 
 def check_flags():
@@ -817,7 +882,15 @@ def check_flags():
       sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
                'take: %s.' % (name, why))
   multi_gpu_train.apply_dataset_defaults()
-  multi_gpu_train.check_flags(also_positive=('startup_timeout_secs', 'step_timeout_secs'))
+  multi_gpu_train.check_flags(also_positive=('startup_timeout_secs', 'step_timeout_secs',
+                                             'eval_interval_secs', 'num_ps'))
+  for name in SLURM_FLAGS:
+    if FLAGS[name].present and FLAGS.cluster != 'slurm':
+      sys.exit('error: --%s is for --cluster=slurm; flags and TF_CONFIG name the ps tasks '
+               'themselves' % name)
+  if not 0 < FLAGS.slurm_port_base < 65536:
+    sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
+             % FLAGS.slurm_port_base)
   if FLAGS.replicas_to_aggregate is not None:
     if not FLAGS.sync_replicas:
       sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
@@ -827,8 +900,47 @@ def check_flags():
                % FLAGS.replicas_to_aggregate)
 
 
-def cluster_from_flags():
-  """The ClusterSpec of --ps_hosts and --worker_hosts, once this task is checked in it."""
+def cluster_from_flags(slurm_cluster=None):
+  """This task's cluster_env.Cluster: from the flags, TF_CONFIG or Slurm (--cluster).
+
+  --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
+  set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
+  (it chose them); flags given alongside must agree with it.
+
+  Args:
+    slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
+  """
+  source = FLAGS.cluster or ('tf_config' if FLAGS.job_name is None and
+                             os.environ.get('TF_CONFIG', '').strip() else '')
+  if not source:
+    return cluster_of_host_flags()
+  try:
+    if source == 'slurm':
+      cluster = slurm_cluster or cluster_env.from_slurm(FLAGS.num_ps, FLAGS.slurm_port_base)
+      if isinstance(cluster, cluster_env.ClusterError):
+        raise cluster
+    else:
+      cluster = cluster_env.from_tf_config()
+      if cluster is None:
+        raise cluster_env.ClusterError(
+            'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
+            'it (Kubeflow\'s TFJob does) or give --job_name, --ps_hosts and --worker_hosts')
+    cluster_env.check_agrees(cluster, **{
+        name: FLAGS[name].value for name in ('job_name', 'task_index', 'ps_hosts',
+                                             'worker_hosts') if FLAGS[name].present})
+  except cluster_env.ClusterError as e:
+    sys.exit('error: %s' % e)
+  print(cluster.description)
+  if cluster.job_name != 'evaluator':  # it serves nothing
+    hosts = cluster.ps_hosts if cluster.job_name == 'ps' else cluster.worker_hosts
+    print(SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
+        hosts[cluster.task_index].rpartition(':')[2], cluster.job_name, cluster.task_index)))
+  sys.stdout.flush()
+  return cluster
+
+
+def cluster_of_host_flags():
+  """The cluster --ps_hosts and --worker_hosts name, once this task is checked in it."""
   if FLAGS.job_name is None:
     sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
              '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
@@ -848,7 +960,56 @@ def cluster_from_flags():
     print(SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
         hosts[FLAGS.task_index].rpartition(':')[2], FLAGS.job_name, FLAGS.task_index)),
           flush=True)
-  return tf.compat.v1.train.ClusterSpec({'ps': ps_hosts, 'worker': worker_hosts})
+  return cluster_env.Cluster(ps_hosts, worker_hosts, FLAGS.job_name, FLAGS.task_index,
+                             'flags', None)
+
+
+def slurm_cluster_first(argv):
+  """--cluster=slurm: the cluster, found before TensorFlow first looks for GPUs.
+
+  SlurmClusterResolver sets this task's CUDA_VISIBLE_DEVICES, which CUDA reads
+  once, when TensorFlow first touches a GPU: placement.list_gpus() and absl's
+  app.run both do. So the flags are parsed here for this alone, then forgotten;
+  app.run parses them again and refuses what is wrong.
+
+  Returns:
+    a cluster_env.Cluster, the ClusterError to report once the flags are checked,
+    or None (not --cluster=slurm, or flags app.run will refuse).
+  """
+  try:
+    FLAGS(argv, known_only=True)
+  except flags.Error:
+    return None
+  try:
+    if FLAGS.cluster != 'slurm':
+      return None
+    return cluster_env.from_slurm(FLAGS.num_ps, FLAGS.slurm_port_base)
+  except cluster_env.ClusterError as e:
+    return e
+  finally:
+    FLAGS.unparse_flags()
+
+
+def run_evaluator(settings, eval_dir, eval_interval_secs):
+  """TF_CONFIG's evaluator: scores each new checkpoint of the chief's --train_dir.
+
+  What cifar10_eval.py and mnist_eval.py do beside training (evaluation.py), on
+  the --dataset's test set in --data_dir (also with --synthetic), in batches of
+  --batch_size; it returns once it has scored a checkpoint at --max_steps.
+  """
+  data = multi_gpu_train.DATASETS[settings.dataset]
+  print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
+        'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
+                               eval_dir), flush=True)
+  options = types.SimpleNamespace(  # evaluation.define_flags()'s names
+      checkpoint_dir=settings.train_dir, eval_dir=eval_dir, eval_data='test',
+      data_dir=settings.data_dir, data_url=settings.data_url, data_md5=settings.data_md5,
+      eval_interval_secs=eval_interval_secs, run_once=False,
+      batch_size=settings.batch_size, use_moving_averages=True)
+  evaluation.main(options, data.model, data.input, 'python dist_train.py',
+                  last_step=settings.max_steps)
+  print('evaluator done: it has scored the checkpoint at --max_steps=%d' % settings.max_steps,
+        flush=True)
 
 
 def main_local_cluster():
@@ -876,5 +1037,6 @@ def main_local_cluster():
 
 
 if __name__ == '__main__':
+  slurm_cluster = slurm_cluster_first(sys.argv)  # sets CUDA_VISIBLE_DEVICES: before GPUs
   placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
-  app.run(main)
+  app.run(functools.partial(main, slurm_cluster=slurm_cluster))

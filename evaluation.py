@@ -122,13 +122,16 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
   return true_count / seen, total_loss / seen, seen, step
 
 
-def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-name
+def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-name
+         last_step=None):
   """Evaluates once (--run_once) or whenever a new checkpoint appears.
 
   Args:
-    FLAGS: the parsed flags of define_flags().
+    FLAGS: the parsed flags of define_flags(), or an object with the same names.
     model, data_input: the data set's model package and input module.
     trainer_command: how to train for this directory, for the no-checkpoint message.
+    last_step: int or None: return once a checkpoint at this global step or later
+      has been scored (dist_train.py's evaluator: the training's --max_steps).
   """
   if FLAGS.batch_size < 1:
     sys.exit('error: --batch_size must be at least 1, got %d' % FLAGS.batch_size)
@@ -142,7 +145,7 @@ def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-
   writer = None
   try:
     data_input.prepare(FLAGS.data_dir, FLAGS.data_url, getattr(FLAGS, 'data_md5', None))
-    writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command)
+    writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command, last_step)
   except (EvalError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
   finally:
@@ -150,7 +153,8 @@ def main(FLAGS, model, data_input, trainer_command):  # pylint: disable=invalid-
       writer.close()
 
 
-def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noqa: N803
+def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa: N803
+                              last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
   averages = 'moving averages' if FLAGS.use_moving_averages else 'raw weights'
   writer, last_path, waited, went_away = None, None, False, None
@@ -191,6 +195,8 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command):  # noq
           tf.compat.v1.Summary.Value(tag='1_loss/cross_entropy', simple_value=loss)]), step)
       writer.flush()
       last_path = path
+      if last_step is not None and step >= last_step:
+        return writer
     if FLAGS.run_once:
       return writer
     time.sleep(FLAGS.eval_interval_secs)

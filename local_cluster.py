@@ -6,9 +6,11 @@ dist_train.py calls run() once its flags are checked and the data is in place.
 It moves into a private network namespace whose only interface is loopback
 (where Linux permits), starts the ps tasks and the workers as subprocesses of
 dist_train.py on free ports of 127.0.0.1, prints their output prefixed with
-the task's name, and stops them all at the end, on a failure, or on Ctrl-C or
-SIGTERM (the chief first, so that it saves). Each task dies with this launcher,
-however it ends (die_with_launcher).
+the task's name, and waits for them all to end: the workers once they have
+trained, then the ps tasks, which end by themselves once every worker has said
+it finished. It stops them on a failure, or on Ctrl-C or SIGTERM (the chief
+first, so that it saves). Each task dies with this launcher, however it ends
+(die_with_launcher).
 """
 import ctypes
 import errno
@@ -29,6 +31,8 @@ import training_run
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'dist_train.py')
 STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
 STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and save
+END_SECS = 60                # once the workers (or the ps tasks) have ended, the others
+                             # must end by themselves within this, or they are stopped
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
 
 # Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
@@ -51,7 +55,8 @@ QUIET_LINES = (
     r'^E\d{4} [\d:.]+ +\d+ util\.cc:\d+\] oneDNN supports DT_UINT8 only on platforms',
 )
 FINAL_LINE = re.compile(
-    r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: )')
+    r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: |'
+    r'ps task \d+[: ])')
 # Without an NVIDIA device on this machine, every task says it found no CUDA driver.
 NO_GPU_LINES = (
     r'^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your '
@@ -129,11 +134,13 @@ def task_command(job_name, task_index, ps_hosts, worker_hosts, extra_flags=()):
 def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   """Runs num_ps ps tasks and num_workers workers on 127.0.0.1, printing their logs.
 
-  Returns 0 once every worker has exited 0, 1 as soon as any task fails. On a stop
-  signal the chief stops first, saving at its current step (the ps tasks hold its
-  variables, and in sync mode its update waits for the other workers), then the
-  rest; returns stop.exit_code. Every task still running is then stopped: the ps
-  tasks always are, as they never exit.
+  Returns 0 once every task has exited 0: the workers, then the ps tasks, which
+  end by themselves when every worker has reported that it finished. Returns 1 as
+  soon as any task fails, or when some tasks are still running END_SECS after the
+  others (the workers, or the ps tasks) have all ended. On a stop signal the chief
+  stops first, saving at its current step (the ps tasks hold its variables, and in
+  sync mode its update waits for the other workers), then the rest; returns
+  stop.exit_code. Every task still running is then stopped.
   """
   ports = free_ports(num_ps + num_workers)
   ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
@@ -154,19 +161,28 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0)
         relay.start(name, tasks[name].stdout)
+    one_side_ended = None  # when every worker, or every ps task, had ended
     while not stop.requested:
       ended = {name: p.returncode for name, p in tasks.items() if p.poll() is not None}
-      failed = [name for name, code in ended.items()
-                if code != 0 or name.startswith('ps')]
+      failed = [name for name, code in ended.items() if code != 0]
       if failed:
         relay.show_held()
         print('local cluster: %s exited with %d; stopping the other tasks'
               % (failed[0], ended[failed[0]]), flush=True)
         return 1
-      if len(ended) == num_workers:
-        print('local cluster: all %d workers finished; stopping the ps tasks' % num_workers,
-              flush=True)
+      if len(ended) == len(tasks):
+        print('local cluster: all %d workers finished, then the %d ps task(s) by themselves'
+              % (num_workers, num_ps), flush=True)
         return 0
+      running = [name for name in tasks if name not in ended]
+      if one_side_ended is None and (all(name.startswith('ps') for name in running) or
+                                     all(name.startswith('worker') for name in running)):
+        one_side_ended = time.time()
+      if one_side_ended and time.time() - one_side_ended > END_SECS:
+        relay.show_held()
+        print('local cluster: %s still running %d s after the others ended; stopping it'
+              % (','.join(running), END_SECS), flush=True)
+        return 1
       time.sleep(0.2)
     stop_chief(tasks['worker0'], stop)
     return stop.exit_code

@@ -46,10 +46,19 @@ TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*'
 CHECKPOINT_INDEX = re.compile(r'model\.ckpt-(\d+)\.index$')  # one file per checkpoint
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
 SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
+PEER_GONE_EXIT_CODE = 138  # 128 + SIGUSR1: "restart me"; Kubeflow retries codes >= 128
 
 
 class TrainingError(Exception):
   """The run cannot go on; the message says why and what to do."""
+
+
+class PeerGone(TrainingError):
+  """A task this one needs (a ps task, the chief) is unreachable: a restart may cure it.
+
+  one_line_errors() exits PEER_GONE_EXIT_CODE for it, not 1, so that an
+  orchestrator restarts the task instead of failing the job.
+  """
 
 
 # ---- One trainer per directory -------------------------------------------------
@@ -315,12 +324,16 @@ class Stopped(Exception):
 def one_line_errors():
   """Ends a program with one line and an exit code for every failure a user can cause.
 
-  TrainingError and DataError print `error: <message>` and exit 1; Stopped exits
-  with its code (130, 143), the trainer having said where it stopped. A second
-  Ctrl-C needs no clause: StopSignals exits at once.
+  TrainingError and DataError print `error: <message>` and exit 1, PeerGone the
+  same with PEER_GONE_EXIT_CODE; Stopped exits with its code (130, 143), the
+  trainer having said where it stopped. A second Ctrl-C needs no clause:
+  StopSignals exits at once.
   """
   try:
     yield
+  except PeerGone as e:
+    print('error: %s' % e, file=sys.stderr, flush=True)
+    sys.exit(PEER_GONE_EXIT_CODE)
   except (TrainingError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
   except Stopped as e:
