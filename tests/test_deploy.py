@@ -14,8 +14,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TFJOB = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob.yaml')
 SBATCH = os.path.join(ROOT, 'deploy', 'slurm', 'train.sbatch')
 DOCKERFILE = os.path.join(ROOT, 'deploy', 'kubernetes', 'Dockerfile')
-# added with the TF_CONFIG/Slurm integration
-NEW_DIST_TRAIN_FLAGS = {'cluster', 'num_ps', 'slurm_port_base'}
 FLAG = re.compile(r'^--(?:no)?([a-z_0-9]+)(?:=|$)')
 
 
@@ -76,7 +74,7 @@ def known_flags():
   del dist_train
   out, _ = evaluator.communicate(timeout=120)
   assert evaluator.returncode == 0
-  return {'dist_train.py': set(flags.FLAGS) | NEW_DIST_TRAIN_FLAGS,
+  return {'dist_train.py': set(flags.FLAGS),
           'cifar10_eval.py': set(out.split())}
 
 
@@ -89,12 +87,14 @@ def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
   for name, spec in specs.items():
     assert spec['restartPolicy'] == 'ExitCode', name
     assert spec['container'] == 'tensorflow', name  # the operator's TF_CONFIG goes there
-  assert [specs[n]['command'][:2] for n in ('PS', 'Chief', 'Worker')] == [
-      ['python', 'dist_train.py']] * 3
-  assert specs['Evaluator']['command'][:2] == ['python', 'cifar10_eval.py']
-  for name in ('Chief', 'Worker'):  # the chief writes, the evaluator reads, the same dir
+  # TF_CONFIG gives each its part, the evaluator's included.
+  assert [specs[n]['command'][:3] for n in ('PS', 'Chief', 'Worker', 'Evaluator')] == [
+      ['python', 'dist_train.py', '--cluster=tf_config']] * 4
+  for name in ('Chief', 'Worker', 'Evaluator'):  # the chief writes, the evaluator reads
     assert '--train_dir=/shared/train' in specs[name]['command']
-  assert '--checkpoint_dir=/shared/train' in specs['Evaluator']['command']
+  # The evaluator ends at the chief's last step.
+  assert ([c for c in specs['Chief']['command'] if c.startswith('--max_steps=')] ==
+          [c for c in specs['Evaluator']['command'] if c.startswith('--max_steps=')])
 
 
 def test_tfjob_manifest_names_only_flags_the_programs_take(known_flags):

@@ -1,0 +1,245 @@
+"""dist_train.py started as Kubernetes and Slurm start it: only the environment says who is who.
+
+Every task is its own process with the TF_CONFIG or the SLURM_* variables the
+operator or srun would give it, on free ports of 127.0.0.1, and every one must
+end by itself: the ps tasks too, once the workers have said they finished.
+No Kubernetes or Slurm runs here; these are their variables, written by hand.
+"""
+import json
+import os
+import random
+import re
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import local_cluster
+from test_dist_train import (DIST_TRAIN, DONE_LINE, ROOT, SAVED_LINE, load, matches,
+                             sample, tasks)  # noqa: F401 (fixtures)
+
+MAX_STEPS = 4
+# Tiny and quick: 4 images a step, no summaries, an evaluator that looks every second.
+FLAGS = ['--batch_size=4', '--log_frequency=1', '--startup_timeout_secs=60',
+         '--step_timeout_secs=60', '--summary_steps=0', '--max_steps=%d' % MAX_STEPS,
+         '--eval_interval_secs=1']
+PRECISION_LINE = r'precision @ 1 = \d\.\d{3} \(global step (\d+),'
+
+
+def environment(**variables):
+  """This process's environment without a GPU, with `variables` set."""
+  env = {k: v for k, v in os.environ.items()
+         if k != 'TF_CONFIG' and not k.startswith('SLURM_')}
+  return dict(env, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2', **variables)
+
+
+def tf_config(cluster, task_type, index):
+  return json.dumps({'cluster': cluster, 'task': {'type': task_type, 'index': index}})
+
+
+def loopback_hosts(count):
+  return ['127.0.0.1:%d' % port for port in local_cluster.free_ports(count)]
+
+
+def start_tf_config_cluster(tasks, cluster, flags):
+  """One process per task of `cluster`, each told only its TF_CONFIG; {'ps0': Task, ...}."""
+  started = {}
+  for task_type, hosts in cluster.items():
+    for index in range(len(hosts)):
+      started['%s%d' % (task_type, index)] = tasks(
+          [sys.executable, '-u', DIST_TRAIN] + flags,
+          env=environment(TF_CONFIG=tf_config(cluster, task_type, index)))
+  return started
+
+
+def finish_all(started):
+  """{name: (exit code, log)} once every task has ended by itself (each bounded)."""
+  return {name: task.finish() for name, task in started.items()}
+
+
+def assert_every_task_exited_0(ended):
+  for name, (code, log) in ended.items():
+    assert code == 0, (name, log[-3000:])
+    assert 'Traceback' not in log, (name, log[-3000:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', [[], ['--sync_replicas']], ids=['async', 'sync'])
+def test_tf_config_ps_chief_worker_evaluator_every_task_exits_0_by_itself(tasks, sample,
+                                                                          tmp_path, mode):
+  cluster = dict(zip(['ps', 'chief', 'worker', 'evaluator'], [[h] for h in loopback_hosts(4)]))
+  started = start_tf_config_cluster(tasks, cluster, FLAGS + sample.flags + mode +
+                                    ['--train_dir=%s' % tmp_path])
+  ended = finish_all(started)
+  assert_every_task_exited_0(ended)
+  logs = {name: log for name, (_, log) in ended.items()}
+  for name, this in (('chief0', 'chief 0 (dist_train.py\'s worker 0, the chief)'),
+                     ('worker0', 'worker 0 (dist_train.py\'s worker 1)'),
+                     ('ps0', 'ps 0'), ('evaluator0', 'evaluator 0')):
+    assert ('cluster from TF_CONFIG: 1 ps, 1 chief, 1 worker, 1 evaluator; this task: %s'
+            % this) in logs[name].splitlines(), name
+  # The ps task ended because both workers said they had finished, not by a stop.
+  assert 'ps task 0: worker 0 has finished' in logs['ps0']
+  assert 'ps task 0: worker 1 has finished' in logs['ps0']
+  assert 'ps task 0 done: training is over' in logs['ps0']
+  # The chief trains and saves; TF_CONFIG's worker 0 only trains.
+  assert matches(DONE_LINE, logs['chief0'].splitlines())[0].group(3) == str(MAX_STEPS)
+  assert matches(DONE_LINE, logs['worker0'].splitlines())[0].group(3) == str(MAX_STEPS)
+  assert matches(SAVED_LINE, logs['chief0'].splitlines())
+  assert not matches(SAVED_LINE, logs['worker0'].splitlines())
+  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+  # The evaluator scored the last checkpoint, then ended.
+  scored = [int(step) for step in re.findall(PRECISION_LINE, logs['evaluator0'])]
+  assert scored and scored[-1] == MAX_STEPS, logs['evaluator0'][-3000:]
+  assert os.listdir(os.path.join(tmp_path, 'eval'))  # its event files, beside the chief's
+
+
+@pytest.mark.slow
+def test_tf_config_master_is_the_chief_every_task_exits_0(tasks, tmp_path):
+  cluster = dict(zip(['ps', 'master'], [[h] for h in loopback_hosts(2)]))
+  started = start_tf_config_cluster(tasks, cluster, FLAGS + ['--synthetic',
+                                                             '--train_dir=%s' % tmp_path])
+  ended = finish_all(started)
+  assert_every_task_exited_0(ended)
+  master_log = ended['master0'][1]
+  assert ('cluster from TF_CONFIG: 1 ps, 1 master; this task: master 0 (dist_train.py\'s '
+          'worker 0, the chief)') in master_log
+  assert matches(SAVED_LINE, master_log.splitlines())
+  assert 'ps task 0 done: training is over' in ended['ps0'][1]
+  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_tf_config_no_chief_worker_0_leads_every_task_exits_0(tasks, tmp_path):
+  hosts = loopback_hosts(3)
+  cluster = {'ps': hosts[:1], 'worker': hosts[1:]}
+  started = start_tf_config_cluster(tasks, cluster, FLAGS + ['--synthetic',
+                                                             '--train_dir=%s' % tmp_path])
+  ended = finish_all(started)
+  assert_every_task_exited_0(ended)
+  logs = {name: log for name, (_, log) in ended.items()}
+  assert ('cluster from TF_CONFIG: 1 ps, 2 workers; this task: worker 0 (the chief)'
+          in logs['worker0'])
+  assert matches(SAVED_LINE, logs['worker0'].splitlines())
+  assert not matches(SAVED_LINE, logs['worker1'].splitlines())
+  assert 'ps task 0 done: training is over' in logs['ps0']
+  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+
+
+def free_port_base(count):
+  """A port p of 127.0.0.1 with p .. p + count - 1 all free (Slurm's port_base + i)."""
+  for _ in range(100):
+    base = random.randrange(20000, 60000)
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+      for i, s in enumerate(sockets):
+        s.bind(('127.0.0.1', base + i))
+      return base
+    except OSError:
+      continue
+    finally:
+      for s in sockets:
+        s.close()
+  raise AssertionError('no %d consecutive free ports on 127.0.0.1' % count)
+
+
+@pytest.mark.slow
+def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
+  # A node with 3 GPUs, as nvidia-smi lists them: the resolver gives each task one
+  # through CUDA_VISIBLE_DEVICES (this machine has none, so TensorFlow sees none).
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  nvidia_smi = bin_dir / 'nvidia-smi'
+  nvidia_smi.write_text('#!/bin/sh\n' + ''.join('echo "GPU %d: Tesla T4 (UUID: GPU-%d)"\n'
+                                                 % (i, i) for i in range(3)))
+  nvidia_smi.chmod(nvidia_smi.stat().st_mode | stat.S_IEXEC)
+  base = free_port_base(3)
+  started = {}
+  for rank in range(3):
+    env = environment(SLURM_PROCID=str(rank), SLURM_STEP_NUM_TASKS='3',
+                      SLURM_STEP_NODELIST='127.0.0.1', SLURM_STEP_TASKS_PER_NODE='3',
+                      PATH='%s:%s' % (bin_dir, os.environ['PATH']))
+    del env['CUDA_VISIBLE_DEVICES']  # Slurm without --gpus-per-task: the resolver sets it
+    started['rank%d' % rank] = tasks(
+        [sys.executable, '-u', DIST_TRAIN, '--cluster=slurm', '--num_ps=1',
+         '--slurm_port_base=%d' % base, '--synthetic', '--train_dir=%s' % (tmp_path / 'train')]
+        + FLAGS, env=env)
+  ended = finish_all(started)
+  assert_every_task_exited_0(ended)
+  logs = [ended['rank%d' % rank][1] for rank in range(3)]
+  for rank, this in enumerate(['ps 0', 'worker 0, the chief', 'worker 1']):
+    assert ('cluster from Slurm (SLURM_*): 1 ps, 2 workers on 1 node (127.0.0.1); this task: '
+            '%s (SLURM_PROCID=%d); CUDA_VISIBLE_DEVICES=%d set by the resolver'
+            % (this, rank, rank)) in logs[rank].splitlines()
+  assert 'TensorFlow sees 0 GPU(s) (CUDA_VISIBLE_DEVICES=2)' in logs[2]
+  assert 'ps task 0 serving at grpc://127.0.0.1:%d' % base in logs[0]
+  assert 'ps task 0 done: training is over' in logs[0]
+  assert load(str(tmp_path / 'train'))['global_step'] == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path):
+  ps_hosts, worker_hosts = (lambda h: (h[:1], h[1:]))(loopback_hosts(3))
+  flags = FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path]
+
+  def start(job_name, task_index):
+    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
+                                            flags))
+
+  ps, chief = start('ps', 0), start('worker', 0)
+  # Async: the chief alone makes every update; then it says it has finished.
+  chief.wait_for(DONE_LINE.match, 'the chief done')
+  assert ps.process.poll() is None  # still serving: worker 1 has not said so
+  code, log = chief.finish()
+  assert code == 0, log[-3000:]
+  late = start('worker', 1)
+  code, log = late.finish()
+  assert code == 0, log[-3000:]
+  assert ('worker 1: global step %d is not below --max_steps=%d: nothing to do'
+          % (MAX_STEPS, MAX_STEPS)) in log
+  assert 'worker 1 done: 0 local steps, global step %d' % MAX_STEPS in log.splitlines()
+  code, log = ps.finish(timeout=30)
+  assert code == 0, log[-3000:]
+  assert [line for line in log.splitlines() if line.startswith('ps task 0')][-3:] == [
+      'ps task 0: worker 0 has finished (1 of 2)',
+      'ps task 0: worker 1 has finished (2 of 2)', 'ps task 0 done: training is over']
+
+
+# ---- Start-up refusals: one line, exit 1, before anything is served ---------------
+
+GOOD = {'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']}
+REFUSED = [
+    # (TF_CONFIG, extra flags, the one line it prints)
+    ('{"cluster": ', [], r'^error: TF_CONFIG is not JSON \('),
+    (json.dumps({'cluster': {'worker': ['127.0.0.1:2']}, 'task': {'type': 'worker',
+                                                                  'index': 0}}), [],
+     r'^error: TF_CONFIG\'s "cluster" has no "ps" task'),
+    (tf_config(GOOD, 'worker', 3), [],
+     r'^error: TF_CONFIG\'s task is worker 3, but "cluster" lists 1 worker task\(s\) \(0\.\.0\)'),
+    (tf_config(GOOD, 'worker', 0), ['--task_index=1'],
+     r'^error: --task_index=1 disagrees with TF_CONFIG, which makes this task worker 0; drop '
+     r'--task_index$'),
+    (tf_config(GOOD, 'worker', 0), ['--cluster=tf_config', '--job_name=ps'],
+     r'^error: --job_name=ps disagrees with TF_CONFIG, which makes this task worker 0; drop '
+     r'--job_name$'),
+    ('', ['--cluster=tf_config'], r'^error: TF_CONFIG is not set, and --cluster=tf_config'),
+]
+
+
+def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tmp_path):
+  # All at once: each only imports TensorFlow and stops.
+  runs = [subprocess.Popen([sys.executable, DIST_TRAIN, '--synthetic',
+                            '--train_dir=%s' % tmp_path] + flags, cwd=ROOT,
+                           env=environment(TF_CONFIG=text), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+          for text, flags, _ in REFUSED]
+  for run, (text, _, expected) in zip(runs, REFUSED):
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, (text, out, err)
+    errors = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 1 and re.search(expected, errors[0]), (text, err)
+    assert 'Traceback' not in err
+    assert 'serving' not in out and 'cluster from TF_CONFIG' not in out
+  assert os.listdir(tmp_path) == []
