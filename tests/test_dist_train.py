@@ -591,6 +591,10 @@ def test_local_cluster_normal_finish_prints_no_error_looking_line(tasks, tmp_pat
                     '--log_frequency=10', '--batch_size=8'] + mode, env=env)
   code, log = launcher.finish()
   assert code == 0, log[-3000:]
+  # The ps task ended by itself once both workers had said they finished.
+  assert '[ps0] ps task 0 done: training is over' in log.splitlines()
+  assert log.splitlines()[-1] == ('local cluster: all 2 workers finished, then the 1 ps '
+                                  'task(s) by themselves')
   launcher_notices = re.compile('|'.join(local_cluster.QUIET_LINES + local_cluster.NO_GPU_LINES))
   alarming = [line for line in log.splitlines() if ERROR_LOOKING.search(
       line.partition('] ')[2] if TASK_PREFIX.match(line) else line)
