@@ -221,9 +221,6 @@ REFUSED = [
     (tf_config(GOOD, 'worker', 0), ['--task_index=1'],
      r'^error: --task_index=1 disagrees with TF_CONFIG, which makes this task worker 0; drop '
      r'--task_index$'),
-    (tf_config(GOOD, 'worker', 0), ['--cluster=tf_config', '--job_name=ps'],
-     r'^error: --job_name=ps disagrees with TF_CONFIG, which makes this task worker 0; drop '
-     r'--job_name$'),
     ('', ['--cluster=tf_config'], r'^error: TF_CONFIG is not set, and --cluster=tf_config'),
 ]
 
