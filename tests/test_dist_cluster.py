@@ -55,8 +55,12 @@ def start_tf_config_cluster(tasks, cluster, flags):
 
 
 def finish_all(started):
-  """{name: (exit code, log)} once every task has ended by itself (each bounded)."""
-  return {name: task.finish() for name, task in started.items()}
+  """{name: (exit code, log)} once every task has ended by itself (each bounded).
+
+  The ps tasks last: they wait for the workers, whose logs say more when one fails.
+  """
+  return {name: started[name].finish()
+          for name in sorted(started, key=lambda name: name.startswith('ps'))}
 
 
 def assert_every_task_exited_0(ended):
