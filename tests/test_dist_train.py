@@ -256,7 +256,7 @@ def test_worker_no_ps_reachable_exits_138_within_startup_deadline(tasks, sample,
   code, log = worker.finish(timeout=60)
   assert code == 138  # a peer went away: an orchestrator restarts this task (>= 128)
   assert time.time() - start < 45  # 2 s of waiting after TensorFlow's import
-  errors = [line for line in log.splitlines() if 'error' in line.lower()]
+  errors = [line for line in log.splitlines() if line.startswith('error')]
   assert errors == [
       'error: worker 0 waited 2 s for the ps task(s) at 127.0.0.1:%d: nothing accepts '
       'connections there. Start them first (python dist_train.py --job_name=ps '
