@@ -1,10 +1,11 @@
-"""The training cluster and this task, from the environment the job runs in.
+"""The training cluster and this task: from the flags, or the environment the job runs in.
 
 dist_train.py's cluster is two jobs, 'ps' and 'worker', where worker 0 is the
 chief. The engines users already run describe their clusters in their own words;
 this module reads them with TensorFlow's own resolvers and says the same thing
 in dist_train.py's:
 
+    cluster = cluster_env.from_flags('worker', 0, '127.0.0.1:2222', '127.0.0.1:2223')
     cluster = cluster_env.from_tf_config()       # Kubernetes (Kubeflow TFJob): TF_CONFIG
     cluster = cluster_env.from_slurm(num_ps=1)   # Slurm: SLURM_PROCID, SLURM_STEP_*
     print(cluster.description)
@@ -26,6 +27,7 @@ Errors are ClusterError, one line naming the variable, what is wrong and what to
 """
 import collections
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -51,11 +53,85 @@ Cluster = collections.namedtuple('Cluster', [
 ])
 
 
+SECURITY_WARNING = (
+    'WARNING: TensorFlow servers have no authentication and no encryption, and every '
+    'task listens on all network interfaces of its machine on its port, whatever host '
+    'the cluster spec names: anyone who can reach %s can run any graph there, '
+    'reading and writing files as this user. Firewall the ports of --ps_hosts and '
+    '--worker_hosts. TensorFlow\'s own advice on running graphs over gRPC: '
+    'https://github.com/tensorflow/tensorflow/blob/master/SECURITY.md')
+
+
 class ClusterError(Exception):
   """The environment does not describe a cluster dist_train.py can run; one line."""
 
 
 # ---- Kubernetes: TF_CONFIG ------------------------------------------------------
+
+def from_flags(job_name, task_index, ps_hosts, worker_hosts, allow_nonloopback=False):
+  """The Cluster that --job_name, --task_index, --ps_hosts and --worker_hosts name.
+
+  Raises:
+    ClusterError: a host list that does not parse, a host other than loopback
+      without allow_nonloopback, or a task index outside its job.
+  """
+  ps_hosts = parse_hosts('ps_hosts', ps_hosts)
+  worker_hosts = parse_hosts('worker_hosts', worker_hosts)
+  if not allow_nonloopback:
+    check_loopback(ps_hosts, worker_hosts)
+  hosts = ps_hosts if job_name == 'ps' else worker_hosts
+  if not 0 <= task_index < len(hosts):
+    raise ClusterError('--task_index=%d is not a %s task: --%s_hosts lists %d (0..%d)'
+                       % (task_index, job_name, job_name, len(hosts), len(hosts) - 1))
+  return Cluster(ps_hosts, worker_hosts, job_name, task_index, 'flags', None)
+
+
+def exposure_warning(cluster):
+  """SECURITY_WARNING for this task's port."""
+  hosts = cluster.ps_hosts if cluster.job_name == 'ps' else cluster.worker_hosts
+  return SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
+      hosts[cluster.task_index].rpartition(':')[2], cluster.job_name, cluster.task_index))
+
+
+def parse_hosts(flag_name, value):
+  """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], refusing empty entries, bad ports, repeats."""
+  hosts = [h.strip() for h in value.split(',')] if value else []
+  if not hosts:
+    raise ClusterError('--%s is empty; give comma-separated host:port entries, e.g. '
+                     '--%s=127.0.0.1:2222' % (flag_name, flag_name))
+  for host in hosts:
+    name, _, port = host.rpartition(':')
+    if not name or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ClusterError('--%s entry %r is not host:port with a port 1..65535'
+                       % (flag_name, host))
+  if len(set(hosts)) != len(hosts):
+    raise ClusterError('--%s names the same host:port twice: %s' % (flag_name, value))
+  return hosts
+
+
+def is_loopback(host):
+  """True for 'localhost:p', '127.x.y.z:p' and '[::1]:p'; a DNS name could be anywhere."""
+  name = host.rpartition(':')[0].strip('[]')
+  if name == 'localhost':
+    return True
+  try:
+    return ipaddress.ip_address(name).is_loopback
+  except ValueError:
+    return False
+
+
+def check_loopback(ps_hosts, worker_hosts):
+  """Raises ClusterError naming the first host that is not loopback, and why it matters."""
+  for flag_name, hosts in (('ps_hosts', ps_hosts), ('worker_hosts', worker_hosts)):
+    for host in hosts:
+      if not is_loopback(host):
+        raise ClusterError(
+            '--%s names %s, which is not a loopback address. TensorFlow servers have no '
+            'authentication: anyone who can reach that port can run any code there as '
+            'this user. If every machine that can reach these ports is trusted (a '
+            'private cluster network, an SSH tunnel), pass --allow_nonloopback_hosts.'
+            % (flag_name, host))
+
 
 def from_tf_config(environ=os.environ):
   """The cluster TF_CONFIG describes, or None when TF_CONFIG is unset or empty.
@@ -78,6 +154,18 @@ def from_tf_config(environ=os.environ):
   text = environ.get('TF_CONFIG', '')
   if not text.strip():
     return None
+  jobs, task_type, task_id = _read_tf_config(text, environ)
+  _check_tf_config_task(jobs, task_type, task_id)
+  return _tf_config_cluster(jobs, task_type, task_id)
+
+
+def _read_tf_config(text, environ):
+  """TF_CONFIG through TFConfigClusterResolver: ({job: [host:port]}, task type, index).
+
+  Raises:
+    ClusterError: not JSON, no cluster or task, a job dist_train.py does not run,
+      skipped indexes, two chiefs, no ps, no chief and no worker.
+  """
   try:
     config = json.loads(text)
   except ValueError as e:
@@ -118,6 +206,11 @@ def from_tf_config(environ=os.environ):
   if not chiefs and not jobs.get('worker'):
     raise ClusterError('TF_CONFIG\'s "cluster" has no "chief" and no "worker" task; add '
                        'a Chief replica, or Worker replicas, to train')
+  return jobs, task_type, task_id
+
+
+def _check_tf_config_task(jobs, task_type, task_id):
+  """Raises ClusterError unless TF_CONFIG's task is one of its cluster's."""
   if task_type is None or task_id is None:
     raise ClusterError('TF_CONFIG\'s "task" lacks "%s": it must say which task this is, '
                        'e.g. "task": {"type": "worker", "index": 0}'
@@ -132,6 +225,11 @@ def from_tf_config(environ=os.environ):
                        'fix the task index or the cluster' % (
                            task_type, task_id, num_tasks, task_type,
                            ' (0..%d)' % (num_tasks - 1) if num_tasks else ''))
+
+
+def _tf_config_cluster(jobs, task_type, task_id):
+  """dist_train.py's Cluster for a checked TF_CONFIG: the chief first among the workers."""
+  chiefs = jobs.get('chief', []) + jobs.get('master', [])
   worker_hosts = chiefs + jobs.get('worker', [])
   if task_type in ('chief', 'master'):
     job_name, task_index = 'worker', 0
@@ -187,6 +285,46 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
     ClusterError: a variable is missing or malformed, the step has fewer than
       num_ps + 1 tasks, or a node has fewer GPUs than tasks.
   """
+  num_tasks, rank, nodes, tasks_per_node = _slurm_step(environ, num_ps)
+  nodelist = environ['SLURM_STEP_NODELIST']
+  per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
+  gpus = _slurm_gpus(environ, max(tasks_per_node))
+  with _environment(environ, SLURM_VARIABLES + ('CUDA_VISIBLE_DEVICES', 'PATH')):
+    try:
+      resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+          jobs={'ps': num_ps, 'worker': num_tasks - num_ps}, port_base=port_base, **gpus)
+      spec = resolver.cluster_spec()  # sets CUDA_VISIBLE_DEVICES when it shares out GPUs
+    except (RuntimeError, ValueError) as e:
+      raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r: TensorFlow\'s SlurmClusterResolver '
+                         'cannot place the tasks (%s); run the tasks under one srun'
+                         % (per_node_text, _one_line(e))) from None
+    job_name, task_index = resolver.get_task_info()
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+  if environ is not os.environ and visible is not None:
+    environ['CUDA_VISIBLE_DEVICES'] = visible
+  num_workers = num_tasks - num_ps
+  if gpus.get('auto_set_gpu', True):
+    gpu_note = 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
+  elif 'CUDA_VISIBLE_DEVICES' in environ:
+    gpu_note = 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
+  else:
+    gpu_note = 'no GPUs (no nvidia-smi)'
+  description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
+                 'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
+                     num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
+                     's' * (len(nodes) != 1), nodelist, job_name, task_index,
+                     ', the chief' * (job_name == 'worker' and task_index == 0), rank,
+                     gpu_note))
+  return Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
+                 'Slurm', description)
+
+
+def _slurm_step(environ, num_ps):
+  """The srun step's tasks from SLURM_*: (number of tasks, this rank, nodes, tasks per node).
+
+  Raises:
+    ClusterError: a variable missing or malformed, too few tasks for num_ps + 1.
+  """
   if num_ps < 1:
     raise ClusterError('--num_ps must be at least 1 for a Slurm cluster, got %d' % num_ps)
   for name in SLURM_VARIABLES:
@@ -224,35 +362,7 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
                        'step; run the tasks under one srun, which sets them together' % (
                            nodelist, len(nodes), per_node_text, sum(tasks_per_node),
                            num_tasks))
-  gpus = _slurm_gpus(environ, max(tasks_per_node))
-  with _environment(environ, SLURM_VARIABLES + ('CUDA_VISIBLE_DEVICES', 'PATH')):
-    try:
-      resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-          jobs={'ps': num_ps, 'worker': num_tasks - num_ps}, port_base=port_base, **gpus)
-      spec = resolver.cluster_spec()  # sets CUDA_VISIBLE_DEVICES when it shares out GPUs
-    except (RuntimeError, ValueError) as e:
-      raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r: TensorFlow\'s SlurmClusterResolver '
-                         'cannot place the tasks (%s); run the tasks under one srun'
-                         % (per_node_text, _one_line(e))) from None
-    job_name, task_index = resolver.get_task_info()
-    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-  if environ is not os.environ and visible is not None:
-    environ['CUDA_VISIBLE_DEVICES'] = visible
-  num_workers = num_tasks - num_ps
-  if gpus.get('auto_set_gpu', True):
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
-  elif 'CUDA_VISIBLE_DEVICES' in environ:
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
-  else:
-    gpu_note = 'no GPUs (no nvidia-smi)'
-  description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
-                 'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
-                     num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
-                     's' * (len(nodes) != 1), nodelist, job_name, task_index,
-                     ', the chief' * (job_name == 'worker' and task_index == 0), rank,
-                     gpu_note))
-  return Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
-                 'Slurm', description)
+  return num_tasks, rank, nodes, tasks_per_node
 
 
 def _slurm_int(environ, name):

@@ -56,9 +56,6 @@ import collections
 import contextlib
 import datetime
 import functools
-import ipaddress
-import socket
-import threading
 import time
 import types
 import typing
@@ -75,25 +72,16 @@ import multi_gpu_train  # the towers, the average, the schedule and the flags bo
 import placement
 import ps_shutdown
 import training_run
+import worker_sessions
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
 STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for the update too)
-WATCHDOG_SLACK_SECS = 30     # past a deadline above, a task stuck inside TensorFlow exits
 QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
-RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
-
-SECURITY_WARNING = (
-    'WARNING: TensorFlow servers have no authentication and no encryption, and every '
-    'task listens on all network interfaces of its machine on its port, whatever host '
-    'the cluster spec names: anyone who can reach %s can run any graph there, '
-    'reading and writing files as this user. Firewall the ports of --ps_hosts and '
-    '--worker_hosts. TensorFlow\'s own advice on running graphs over gRPC: '
-    'https://github.com/tensorflow/tensorflow/blob/master/SECURITY.md')
 
 FLAGS = flags.FLAGS
 # From multi_gpu_train, meaning the same per worker: --dataset, --num_gpus, --batch_size,
@@ -150,177 +138,6 @@ SLURM_FLAGS = ['num_ps', 'slurm_port_base']
 TrainingError = training_run.TrainingError
 
 
-def parse_hosts(flag_name, value):
-  """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], refusing empty entries, bad ports, repeats."""
-  hosts = [h.strip() for h in value.split(',')] if value else []
-  if not hosts:
-    raise ValueError('--%s is empty; give comma-separated host:port entries, e.g. '
-                     '--%s=127.0.0.1:2222' % (flag_name, flag_name))
-  for host in hosts:
-    name, _, port = host.rpartition(':')
-    if not name or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError('--%s entry %r is not host:port with a port 1..65535'
-                       % (flag_name, host))
-  if len(set(hosts)) != len(hosts):
-    raise ValueError('--%s names the same host:port twice: %s' % (flag_name, value))
-  return hosts
-
-
-def is_loopback(host):
-  """True for 'localhost:p', '127.x.y.z:p' and '[::1]:p'; a DNS name could be anywhere."""
-  name = host.rpartition(':')[0].strip('[]')
-  if name == 'localhost':
-    return True
-  try:
-    return ipaddress.ip_address(name).is_loopback
-  except ValueError:
-    return False
-
-
-def check_loopback(ps_hosts, worker_hosts):
-  """Raises ValueError naming the first host that is not loopback, and why it matters."""
-  for flag_name, hosts in (('ps_hosts', ps_hosts), ('worker_hosts', worker_hosts)):
-    for host in hosts:
-      if not is_loopback(host):
-        raise ValueError(
-            '--%s names %s, which is not a loopback address. TensorFlow servers have no '
-            'authentication: anyone who can reach that port can run any code there as '
-            'this user. If every machine that can reach these ports is trusted (a '
-            'private cluster network, an SSH tunnel), pass --allow_nonloopback_hosts.'
-            % (flag_name, host))
-
-
-def wait_for_ps(ps_hosts, timeout_secs, who):
-  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs.
-
-  TensorFlow itself would wait forever, silently, to open a session on a ps task
-  that is not there.
-  """
-  deadline = time.time() + timeout_secs
-  missing = list(ps_hosts)
-  while True:
-    for host in list(missing):
-      name, _, port = host.rpartition(':')
-      try:
-        socket.create_connection((name.strip('[]'), int(port)), timeout=1).close()
-        missing.remove(host)
-      except OSError:
-        pass
-    if not missing:
-      return
-    if time.time() > deadline:
-      raise training_run.PeerGone(
-          '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
-          'Start them first (python dist_train.py --job_name=ps --task_index=i with the '
-          'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
-          '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
-    time.sleep(0.5)
-
-
-class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
-  """The chief's sessions: the first initialises or restores the variables.
-
-  MonitoredSession opens another when a step fails because a ps task went away
-  (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
-  then restores the latest checkpoint into them, as a restarted chief does.
-  """
-
-  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, **kwargs):
-    super().__init__(**kwargs)
-    self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
-    self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
-
-  def create_session(self):
-    if self._opened:
-      say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'restores the variables from the latest checkpoint')
-      # The newest of this directory's checkpoints that reads whole, found as at start.
-      self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
-          self._train_dir)[0]
-    self._opened += 1
-    with quiet_deprecations():  # of the Saver's restore
-      return super().create_session()
-
-
-class WorkerSessions(tf.compat.v1.train.SessionCreator):
-  """A non-chief's sessions: each waits for the chief to initialise or restore the variables.
-
-  TensorFlow's WorkerSessionCreator looks every 30 s, and gives up at once when
-  its deadline is nearer than that; this one looks every RECOVERY_WAIT_SECS.
-  """
-
-  def __init__(self, who, ps_hosts, chief_host, timeout_secs, arm_watchdog, scaffold,
-               master, config):
-    self._who, self._ps_hosts, self._chief_host = who, ps_hosts, chief_host
-    self._timeout_secs, self._arm_watchdog = timeout_secs, arm_watchdog
-    self._scaffold, self._master, self._config = scaffold, master, config
-    self._opened = 0
-
-  def create_session(self):
-    if self._opened:
-      say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'waits for the chief to restore the variables from its checkpoint')
-    else:
-      print('%s: waiting for the chief (worker 0 at %s) to initialise the variables'
-            % (self._who, self._chief_host), flush=True)
-    self._opened += 1
-    self._scaffold.finalize()
-    manager = tf.compat.v1.train.SessionManager(
-        local_init_op=self._scaffold.local_init_op,
-        local_init_feed_dict=self._scaffold.local_init_feed_dict,
-        ready_op=self._scaffold.ready_op,
-        ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
-        graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=RECOVERY_WAIT_SECS)
-    try:
-      return manager.wait_for_session(self._master, config=self._config,
-                                      max_wait_secs=self._timeout_secs)
-    except tf.errors.DeadlineExceededError:
-      raise training_run.PeerGone(
-          '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
-          'tasks. Start worker 0 (or look at its log for an error), or raise '
-          '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
-                                       'restore' if self._opened > 1 else
-                                       'initialise or restore')) from None
-
-
-def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then):
-  """After a ps task went away: says so, waits for the ps tasks to answer again."""
-  print('%s: the session was aborted: a ps task (%s) went away or restarted, and with '
-        'it the variables it held. Waiting up to %d s for the ps tasks to answer; then '
-        'this worker %s.' % (who, ','.join(ps_hosts), timeout_secs, then), flush=True)
-  arm_watchdog(2 * timeout_secs + WATCHDOG_SLACK_SECS,
-               '%s could not open a new session with the ps tasks %s within %d s. Check '
-               'that they are running, or raise --startup_timeout_secs.'
-               % (who, ','.join(ps_hosts), 2 * timeout_secs + WATCHDOG_SLACK_SECS))
-  wait_for_ps(ps_hosts, timeout_secs, who)
-
-
-def start_watchdog():
-  """Exits the process when a wait outlives its deadline; returns arm(secs, message).
-
-  The backstop for the waits TensorFlow cannot time out itself: opening a session
-  on a task that has gone away, and MonitoredSession reopening one after a ps
-  task failed. It exits PEER_GONE_EXIT_CODE: a peer went away, restart this task.
-  arm(None, '') disarms.
-  """
-  state = {'deadline': None, 'message': ''}
-
-  def watch():
-    while True:
-      time.sleep(1)
-      deadline, message = state['deadline'], state['message']
-      if deadline and time.time() > deadline:
-        print('error: %s' % message, file=sys.stderr, flush=True)
-        # The main thread is stuck inside TensorFlow: no clean way out.
-        os._exit(training_run.PEER_GONE_EXIT_CODE)
-
-  threading.Thread(target=watch, daemon=True).start()
-
-  def arm(secs, message):
-    state.update(deadline=time.time() + secs if secs else None, message=message)
-  return arm
-
-
 def claim_then_apply(opt, grads, global_step, max_steps):
   """Async: an update that first claims its global step, then applies the gradients.
 
@@ -334,7 +151,7 @@ def claim_then_apply(opt, grads, global_step, max_steps):
   # The claim waits for the gradients: taken earlier, the global step would count
   # an update still being computed.
   with tf.control_dependencies([g for g, _ in grads]), \
-      quiet_deprecations(), tf.compat.v1.colocate_with(global_step):
+      worker_sessions.quiet_deprecations(), tf.compat.v1.colocate_with(global_step):
     # count_up_to's notice ('use Dataset.range') does not apply: this counter is a
     # variable on the ps that every worker shares, which no Dataset can be.
     claim = tf.compat.v1.count_up_to(global_step, max_steps)
@@ -367,7 +184,7 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     # device(None) drops the enclosing device functions; the ops given no device
     # of their own (the local step) stay on this worker.
     with tf.compat.v1.device(None), tf.compat.v1.device(self._worker_device), \
-        quiet_deprecations():  # of the QueueRunner it makes
+        worker_sessions.quiet_deprecations():  # of the QueueRunner it makes
       return super().apply_gradients(grads_and_vars, global_step, name)
 
   def get_chief_queue_runner(self):
@@ -375,82 +192,6 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     return tf.compat.v1.train.QueueRunner(
         runner.queue, runner.enqueue_ops,
         queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
-
-
-class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
-  """The chief's checkpoints, through the same machinery as multi_gpu_train.py's.
-
-  training_run.save_checkpoint writes them: rotation within --train_dir only,
-  the state file with relative names, and a failed write that stops the run with
-  one line instead of going on. Saved as the session opens, every
-  save_every_n_steps global steps, and at the end.
-  """
-
-  def __init__(self, train_dir, save_every_n_steps, saver, global_step):
-    self._train_dir, self._every = train_dir, save_every_n_steps
-    self._saver, self._global_step = saver, global_step
-    self._last = None
-
-  def after_create_session(self, session, coord):
-    del coord
-    self._save(session, session.run(self._global_step))
-
-  def after_run(self, run_context, run_values):
-    del run_values
-    step = run_context.session.run(self._global_step)
-    if step // self._every != self._last // self._every:
-      self._save(run_context.session, step)
-
-  def end(self, session):
-    step = session.run(self._global_step)
-    if step != self._last:
-      self._save(session, step)
-
-  def _save(self, session, step):
-    path = training_run.save_checkpoint(session, self._saver, self._train_dir, step,
-                                        multi_gpu_train.KEEP_CHECKPOINTS)
-    print('Saved checkpoint %s' % path, flush=True)
-    self._last = step
-
-
-class WriteSummaries(tf.compat.v1.train.SessionRunHook):
-  """The chief's TensorBoard summaries, through multi_gpu_train.py's machinery.
-
-  training_run.SummaryWriter writes them: a failed write is said once, plainly,
-  and training goes on. The event file opens with the run record; then the
-  summary op runs with the step every summary_steps global steps.
-  """
-
-  def __init__(self, train_dir, summary_steps, summary_op, global_step, record):
-    self._train_dir, self._every = train_dir, summary_steps
-    self._summary_op, self._global_step, self._record = summary_op, global_step, record
-    self._writer, self._last, self._due = None, None, True
-
-  def after_create_session(self, session, coord):
-    del coord
-    if self._writer is None:  # the first session; a reopened one writes on
-      self._writer = training_run.SummaryWriter(self._train_dir, session.graph)
-      self._writer.add_summary(training_run.text_summary('run_record', self._record),
-                               self._record['start_step'])
-
-  def before_run(self, run_context):
-    del run_context
-    fetches = {'step': self._global_step}
-    if self._due:
-      fetches['summary'] = self._summary_op
-    return tf.compat.v1.train.SessionRunArgs(fetches)
-
-  def after_run(self, run_context, run_values):
-    del run_context
-    step = run_values.results['step']
-    if 'summary' in run_values.results:
-      self._writer.add_summary(run_values.results['summary'], step)
-      self._last = step
-    self._due = self._last is None or step // self._every != self._last // self._every
-
-  def end(self, session):
-    del session
-    self._writer.close()
 
 
 def run_ps(cluster, task_index, stop):
@@ -523,7 +264,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       print_start(run, graph, settings, data.model, epoch)
       with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
         step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)
-        run.arm_watchdog(CLOSE_TIMEOUT_SECS + WATCHDOG_SLACK_SECS,
+        run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                          '%s: closing the session hung after the last step (%d)'
                          % (run.who, step))
       # Closed: the chief's SaveCheckpoints hook has saved the last step.
@@ -554,7 +295,7 @@ WorkerRun = collections.namedtuple('WorkerRun', [
     'where',
     'checkpoint',    # chief: the checkpoint it restores, or None
     'start_step',    # chief: its global step
-    'arm_watchdog',  # arm(secs, message): see start_watchdog()
+    'arm_watchdog',  # arm(secs, message): see worker_sessions.start_watchdog()
 ])
 
 
@@ -585,8 +326,8 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
     raise TrainingError('%s cannot listen on %s: %s. Is the port in use?'
                         % (who, cluster.task_address('worker', task_index),
                            str(e).splitlines()[0])) from e
-  arm_watchdog = start_watchdog()
-  wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
+  arm_watchdog = worker_sessions.start_watchdog()
+  worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
   return WorkerRun(who, cluster, task_index, cluster.num_tasks('worker'),
                    cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
@@ -655,11 +396,12 @@ def build(run, settings, worker, data, epoch, record):
     scaffold = tf.compat.v1.train.Scaffold(saver=training_run.make_saver(),
                                            summary_op=summary_op)
     if run.task_index == 0:
-      hooks.append(SaveCheckpoints(settings.train_dir, settings.save_every_n_steps,
-                                   scaffold.saver, global_step))
+      hooks.append(worker_sessions.SaveCheckpoints(
+          settings.train_dir, settings.save_every_n_steps, multi_gpu_train.KEEP_CHECKPOINTS,
+          scaffold.saver, global_step))
       if summary_op is not None:
-        hooks.append(WriteSummaries(settings.train_dir, settings.summary_steps, summary_op,
-                                    global_step, record))
+        hooks.append(worker_sessions.WriteSummaries(
+            settings.train_dir, settings.summary_steps, summary_op, global_step, record))
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
@@ -688,7 +430,7 @@ def sync_update(run, worker, opt, grads, global_step, ema, max_steps):
     (train op: push the gradient, wait for a token; the token, which names the
      global step; hooks; the chief's op handing every worker a token at the end).
   """
-  with quiet_deprecations():
+  with worker_sessions.quiet_deprecations():
     sync = SyncReplicas(opt, worker.replicas_to_aggregate or run.num_workers,
                         run.num_workers, '/job:worker/task:%d' % run.task_index, ema)
     train_op = sync.apply_gradients(grads, global_step=global_step)
@@ -699,19 +441,6 @@ def sync_update(run, worker, opt, grads, global_step, ema, max_steps):
     release_workers = (sync.get_init_tokens_op(run.num_workers) if run.task_index == 0
                        else None)
   return train_op, tf.identity(train_op), hooks, release_workers
-
-
-@contextlib.contextmanager
-def quiet_deprecations():
-  """Keeps TensorFlow's deprecation notices for SyncReplicasOptimizer and QueueRunner,
-  which this script uses on purpose, out of the log; other warnings still show."""
-  logger = tf.get_logger()
-  level = logger.level
-  logger.setLevel('ERROR')
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
 
 
 def print_start(run, graph, settings, model, epoch):
@@ -747,22 +476,22 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
   What MonitoredTrainingSession builds, with session creators that say what
   happened and wait for the ps tasks when a session must be reopened.
   """
-  run.arm_watchdog(startup_timeout_secs + WATCHDOG_SLACK_SECS,
+  run.arm_watchdog(startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
                    '%s could not open a session with the ps tasks %s within %d s. Check '
                    'that they are running and reachable, or raise --startup_timeout_secs.'
                    % (run.who, ','.join(run.ps_hosts),
-                      startup_timeout_secs + WATCHDOG_SLACK_SECS))
+                      startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
   if run.task_index == 0:
-    creator = ChiefSessions(run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog,
-                            train_dir, scaffold=graph.scaffold,
-                            # The checkpoint training_run found and read whole,
-                            # not the state file's latest as TensorFlow reads it.
-                            checkpoint_filename_with_path=run.checkpoint,
-                            master=run.server.target, config=run.config)
+    creator = worker_sessions.ChiefSessions(
+        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
+        scaffold=graph.scaffold, master=run.server.target, config=run.config,
+        # The checkpoint training_run found and read whole, not the state file's
+        # latest as TensorFlow reads it.
+        checkpoint_filename_with_path=run.checkpoint)
   else:
-    creator = WorkerSessions(run.who, run.ps_hosts, run.chief_host, startup_timeout_secs,
-                             run.arm_watchdog, graph.scaffold, run.server.target,
-                             run.config)
+    creator = worker_sessions.WorkerSessions(
+        run.who, run.ps_hosts, run.chief_host, startup_timeout_secs, run.arm_watchdog,
+        graph.scaffold, run.server.target, run.config)
   return tf.compat.v1.train.MonitoredSession(
       session_creator=creator, hooks=graph.hooks,
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
@@ -782,8 +511,8 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
   num_towers = len(run.devices)
   local_step, last_shown = 0, step
   while step < max_steps and not sess.should_stop() and not stop.requested:
-    run.arm_watchdog(step_timeout_secs + WATCHDOG_SLACK_SECS, stuck_step_message(
-        run, graph, step_timeout_secs + WATCHDOG_SLACK_SECS))
+    run.arm_watchdog(step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS, stuck_step_message(
+        run, graph, step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
     start_time = time.time()
     try:
       _, loss_value, step_after = sess.run([graph.train_op, graph.loss, graph.step_after],
@@ -932,9 +661,7 @@ def cluster_from_flags(slurm_cluster=None):
     sys.exit('error: %s' % e)
   print(cluster.description)
   if cluster.job_name != 'evaluator':  # it serves nothing
-    hosts = cluster.ps_hosts if cluster.job_name == 'ps' else cluster.worker_hosts
-    print(SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
-        hosts[cluster.task_index].rpartition(':')[2], cluster.job_name, cluster.task_index)))
+    print(cluster_env.exposure_warning(cluster))
   sys.stdout.flush()
   return cluster
 
@@ -945,23 +672,13 @@ def cluster_of_host_flags():
     sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
              '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
   try:
-    ps_hosts = parse_hosts('ps_hosts', FLAGS.ps_hosts)
-    worker_hosts = parse_hosts('worker_hosts', FLAGS.worker_hosts)
-    if not FLAGS.allow_nonloopback_hosts:
-      check_loopback(ps_hosts, worker_hosts)
-  except ValueError as e:
+    cluster = cluster_env.from_flags(FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts,
+                                     FLAGS.worker_hosts, FLAGS.allow_nonloopback_hosts)
+  except cluster_env.ClusterError as e:
     sys.exit('error: %s' % e)
-  hosts = ps_hosts if FLAGS.job_name == 'ps' else worker_hosts
-  if not 0 <= FLAGS.task_index < len(hosts):
-    sys.exit('error: --task_index=%d is not a %s task: --%s_hosts lists %d (0..%d)'
-             % (FLAGS.task_index, FLAGS.job_name, FLAGS.job_name, len(hosts),
-                len(hosts) - 1))
   if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
-    print(SECURITY_WARNING % ('port %s of this machine (this task, %s %d)' % (
-        hosts[FLAGS.task_index].rpartition(':')[2], FLAGS.job_name, FLAGS.task_index)),
-          flush=True)
-  return cluster_env.Cluster(ps_hosts, worker_hosts, FLAGS.job_name, FLAGS.task_index,
-                             'flags', None)
+    print(cluster_env.exposure_warning(cluster), flush=True)
+  return cluster
 
 
 def slurm_cluster_first(argv):
@@ -1033,7 +750,7 @@ def main_local_cluster():
     task_flags = [FLAGS[name].serialize() for name in FLAGS
                   if FLAGS[name].present and FLAGS[name].name not in LAUNCHER_FLAGS]
     return local_cluster.run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
-                             SECURITY_WARNING % 'the ports listed below')
+                             cluster_env.SECURITY_WARNING % 'the ports listed below')
 
 
 if __name__ == '__main__':

@@ -177,37 +177,6 @@ def start_from(checkpoint, train_dir):
 # ---- Flags and hosts, in-process ------------------------------------------------
 
 
-def test_parse_hosts_good_list_keeps_order():
-  assert dist_train.parse_hosts('ps_hosts', '127.0.0.1:2222, localhost:2223') == [
-      '127.0.0.1:2222', 'localhost:2223']
-
-
-@pytest.mark.parametrize('value, named', [
-    ('', 'is empty'), ('127.0.0.1', "'127.0.0.1'"), ('127.0.0.1:0', "'127.0.0.1:0'"),
-    ('127.0.0.1:x', "'127.0.0.1:x'"), ('127.0.0.1:1,,127.0.0.1:2', "''"),
-    ('127.0.0.1:1,127.0.0.1:1', 'twice')])
-def test_parse_hosts_bad_entry_raises_naming_it(value, named):
-  with pytest.raises(ValueError, match='--worker_hosts') as error:
-    dist_train.parse_hosts('worker_hosts', value)
-  assert named in str(error.value)
-
-
-def test_is_loopback_only_loopback_addresses_pass():
-  assert all(dist_train.is_loopback(h) for h in
-             ['127.0.0.1:1', '127.8.9.10:1', 'localhost:1', '[::1]:1'])
-  assert not any(dist_train.is_loopback(h) for h in
-                 ['10.0.0.5:1', '0.0.0.0:1', 'myhost:1', 'localhost.evil.com:1', '[::]:1'])
-
-
-def test_check_loopback_remote_worker_raises_with_reason_and_opt_in():
-  with pytest.raises(ValueError) as error:
-    dist_train.check_loopback(['127.0.0.1:2222'], ['127.0.0.1:2223', '192.168.1.7:2222'])
-  message = str(error.value)
-  for part in ('--worker_hosts names 192.168.1.7:2222', 'no authentication',
-               '--allow_nonloopback_hosts'):
-    assert part in message
-
-
 def test_free_ports_distinct_and_bindable():
   ports = local_cluster.free_ports(3)
   assert len(set(ports)) == 3

@@ -1,0 +1,248 @@
+"""A distributed worker's sessions: opened, waited for, reopened, and what the chief writes.
+
+dist_train.py's workers open their sessions through these:
+
+    wait_for_ps(ps_hosts, secs, who)   # the ps ports answer, or PeerGone
+    arm = start_watchdog()             # exits 138 when a wait inside TensorFlow hangs
+    ChiefSessions(...), WorkerSessions(...)  # MonitoredSession's session creators
+    SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training_run's files
+
+A ps task that goes away (killed, restarted) aborts every worker's step;
+MonitoredSession then asks the creator for a new session, and these wait for the
+ps tasks to answer again and say so, the chief restoring its latest checkpoint.
+Nothing here builds a model or reads flags.
+"""
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+import training_run
+
+WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
+RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
+
+
+def wait_for_ps(ps_hosts, timeout_secs, who):
+  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs.
+
+  TensorFlow itself would wait forever, silently, to open a session on a ps task
+  that is not there.
+  """
+  deadline = time.time() + timeout_secs
+  missing = list(ps_hosts)
+  while True:
+    for host in list(missing):
+      name, _, port = host.rpartition(':')
+      try:
+        socket.create_connection((name.strip('[]'), int(port)), timeout=1).close()
+        missing.remove(host)
+      except OSError:
+        pass
+    if not missing:
+      return
+    if time.time() > deadline:
+      raise training_run.PeerGone(
+          '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
+          'Start them first (python dist_train.py --job_name=ps --task_index=i with the '
+          'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
+          '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
+    time.sleep(0.5)
+
+
+class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
+  """The chief's sessions: the first initialises or restores the variables.
+
+  MonitoredSession opens another when a step fails because a ps task went away
+  (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
+  then restores the latest checkpoint into them, as a restarted chief does.
+  """
+
+  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, **kwargs):
+    super().__init__(**kwargs)
+    self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
+    self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
+
+  def create_session(self):
+    if self._opened:
+      say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
+                    'restores the variables from the latest checkpoint')
+      # The newest of this directory's checkpoints that reads whole, found as at start.
+      self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
+          self._train_dir)[0]
+    self._opened += 1
+    with quiet_deprecations():  # of the Saver's restore
+      return super().create_session()
+
+
+class WorkerSessions(tf.compat.v1.train.SessionCreator):
+  """A non-chief's sessions: each waits for the chief to initialise or restore the variables.
+
+  TensorFlow's WorkerSessionCreator looks every 30 s, and gives up at once when
+  its deadline is nearer than that; this one looks every RECOVERY_WAIT_SECS.
+  """
+
+  def __init__(self, who, ps_hosts, chief_host, timeout_secs, arm_watchdog, scaffold,
+               master, config):
+    self._who, self._ps_hosts, self._chief_host = who, ps_hosts, chief_host
+    self._timeout_secs, self._arm_watchdog = timeout_secs, arm_watchdog
+    self._scaffold, self._master, self._config = scaffold, master, config
+    self._opened = 0
+
+  def create_session(self):
+    if self._opened:
+      say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
+                    'waits for the chief to restore the variables from its checkpoint')
+    else:
+      print('%s: waiting for the chief (worker 0 at %s) to initialise the variables'
+            % (self._who, self._chief_host), flush=True)
+    self._opened += 1
+    self._scaffold.finalize()
+    manager = tf.compat.v1.train.SessionManager(
+        local_init_op=self._scaffold.local_init_op,
+        local_init_feed_dict=self._scaffold.local_init_feed_dict,
+        ready_op=self._scaffold.ready_op,
+        ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+        graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=RECOVERY_WAIT_SECS)
+    try:
+      return manager.wait_for_session(self._master, config=self._config,
+                                      max_wait_secs=self._timeout_secs)
+    except tf.errors.DeadlineExceededError:
+      raise training_run.PeerGone(
+          '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
+          'tasks. Start worker 0 (or look at its log for an error), or raise '
+          '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
+                                       'restore' if self._opened > 1 else
+                                       'initialise or restore')) from None
+
+
+def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then):
+  """After a ps task went away: says so, waits for the ps tasks to answer again."""
+  print('%s: the session was aborted: a ps task (%s) went away or restarted, and with '
+        'it the variables it held. Waiting up to %d s for the ps tasks to answer; then '
+        'this worker %s.' % (who, ','.join(ps_hosts), timeout_secs, then), flush=True)
+  arm_watchdog(2 * timeout_secs + WATCHDOG_SLACK_SECS,
+               '%s could not open a new session with the ps tasks %s within %d s. Check '
+               'that they are running, or raise --startup_timeout_secs.'
+               % (who, ','.join(ps_hosts), 2 * timeout_secs + WATCHDOG_SLACK_SECS))
+  wait_for_ps(ps_hosts, timeout_secs, who)
+
+
+def start_watchdog():
+  """Exits the process when a wait outlives its deadline; returns arm(secs, message).
+
+  The backstop for the waits TensorFlow cannot time out itself: opening a session
+  on a task that has gone away, and MonitoredSession reopening one after a ps
+  task failed. It exits PEER_GONE_EXIT_CODE: a peer went away, restart this task.
+  arm(None, '') disarms.
+  """
+  state = {'deadline': None, 'message': ''}
+
+  def watch():
+    while True:
+      time.sleep(1)
+      deadline, message = state['deadline'], state['message']
+      if deadline and time.time() > deadline:
+        print('error: %s' % message, file=sys.stderr, flush=True)
+        # The main thread is stuck inside TensorFlow: no clean way out.
+        os._exit(training_run.PEER_GONE_EXIT_CODE)
+
+  threading.Thread(target=watch, daemon=True).start()
+
+  def arm(secs, message):
+    state.update(deadline=time.time() + secs if secs else None, message=message)
+  return arm
+
+
+@contextlib.contextmanager
+def quiet_deprecations():
+  """Keeps TensorFlow's deprecation notices for SyncReplicasOptimizer and QueueRunner,
+  which this script uses on purpose, out of the log; other warnings still show."""
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel('ERROR')
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+
+class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
+  """The chief's checkpoints, through the same machinery as multi_gpu_train.py's.
+
+  training_run.save_checkpoint writes them: rotation within --train_dir only,
+  the state file with relative names, and a failed write that stops the run with
+  one line instead of going on. Saved as the session opens, every
+  save_every_n_steps global steps, and at the end.
+  """
+
+  def __init__(self, train_dir, save_every_n_steps, keep, saver, global_step):
+    self._train_dir, self._every, self._keep = train_dir, save_every_n_steps, keep
+    self._saver, self._global_step = saver, global_step
+    self._last = None
+
+  def after_create_session(self, session, coord):
+    del coord
+    self._save(session, session.run(self._global_step))
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    step = run_context.session.run(self._global_step)
+    if step // self._every != self._last // self._every:
+      self._save(run_context.session, step)
+
+  def end(self, session):
+    step = session.run(self._global_step)
+    if step != self._last:
+      self._save(session, step)
+
+  def _save(self, session, step):
+    path = training_run.save_checkpoint(session, self._saver, self._train_dir, step,
+                                        self._keep)
+    print('Saved checkpoint %s' % path, flush=True)
+    self._last = step
+
+
+class WriteSummaries(tf.compat.v1.train.SessionRunHook):
+  """The chief's TensorBoard summaries, through the single-machine trainer's machinery.
+
+  training_run.SummaryWriter writes them: a failed write is said once, plainly,
+  and training goes on. The event file opens with the run record; then the
+  summary op runs with the step every summary_steps global steps.
+  """
+
+  def __init__(self, train_dir, summary_steps, summary_op, global_step, record):
+    self._train_dir, self._every = train_dir, summary_steps
+    self._summary_op, self._global_step, self._record = summary_op, global_step, record
+    self._writer, self._last, self._due = None, None, True
+
+  def after_create_session(self, session, coord):
+    del coord
+    if self._writer is None:  # the first session; a reopened one writes on
+      self._writer = training_run.SummaryWriter(self._train_dir, session.graph)
+      self._writer.add_summary(training_run.text_summary('run_record', self._record),
+                               self._record['start_step'])
+
+  def before_run(self, run_context):
+    del run_context
+    fetches = {'step': self._global_step}
+    if self._due:
+      fetches['summary'] = self._summary_op
+    return tf.compat.v1.train.SessionRunArgs(fetches)
+
+  def after_run(self, run_context, run_values):
+    del run_context
+    step = run_values.results['step']
+    if 'summary' in run_values.results:
+      self._writer.add_summary(run_values.results['summary'], step)
+      self._last = step
+    self._due = self._last is None or step // self._every != self._last // self._every
+
+  def end(self, session):
+    del session
+    self._writer.close()
