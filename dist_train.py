@@ -58,6 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 import local_cluster
+import mixed_precision
 import multi_gpu_train  # the towers, the average, the schedule and the flags both share
 import placement
 import training_run
@@ -111,9 +112,6 @@ REFUSED_FLAGS = {
     'seed': 'the workers\' updates reach the ps tasks in whatever order the network and '
             'the machines give, so a distributed run cannot repeat exactly; use '
             'multi_gpu_train.py --seed for runs to compare',
-    'use_fp16': 'its loss scale is not built for workers: async ones would race for one '
-                'shared scale, and a sync update skipped after an overflow would need its '
-                'check on the chief, after the aggregation (README, "--use_fp16")',
 }
 for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
   if _flag.name not in REFUSED_FLAGS:
@@ -195,12 +193,17 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   MonitoredSession opens another when a step fails because a ps task went away
   (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
   then restores the latest checkpoint into them, as a restarted chief does.
+
+  fp16: the restore is mixed_precision.restore's, after initialising everything,
+  so that a float32 run's checkpoint (no loss_scale/) resumes too.
   """
 
-  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, **kwargs):
+  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, use_fp16,
+               **kwargs):
     super().__init__(**kwargs)
     self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
     self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
+    self._use_fp16 = use_fp16
 
   def create_session(self):
     if self._opened:
@@ -210,8 +213,21 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
       self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
           self._train_dir)[0]
     self._opened += 1
+    path = self._checkpoint_filename_with_path
     with quiet_deprecations():  # of the Saver's restore
-      return super().create_session()
+      if not (self._use_fp16 and path):
+        return super().create_session()
+      self._scaffold.finalize()
+      return self._get_session_manager().prepare_session(
+          self._master, config=self._config, init_op=self._scaffold.init_op,
+          init_fn=lambda sess: restore_fp16(sess, path))
+
+
+def restore_fp16(sess, path):
+  """fp16 chief: path's variables into the ps tasks, a float32 run's checkpoint too."""
+  if mixed_precision.restore(sess, path, tf.compat.v1.global_variables()):
+    print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+        path, mixed_precision.INITIAL_LOSS_SCALE), flush=True)
 
 
 class WorkerSessions(tf.compat.v1.train.SessionCreator):
@@ -324,14 +340,23 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
 
   The end: the chief's queue runner waits in take_grad for gradients; closing
   the session cancels that wait, which is the normal end, not an error.
+
+  fp16 (loss_scale given): the queue runner applies the aggregated gradient
+  through SkipOverflow, which also steps the moving averages, only when it is
+  finite.
   """
 
   def __init__(self, opt, replicas_to_aggregate, total_num_replicas, worker_device,
-               ema):
+               ema, loss_scale=None):
     super().__init__(opt, replicas_to_aggregate=replicas_to_aggregate,
-                     total_num_replicas=total_num_replicas, variable_averages=ema,
+                     total_num_replicas=total_num_replicas,
+                     variable_averages=None if loss_scale else ema,
                      variables_to_average=tf.compat.v1.trainable_variables())
     self._worker_device = worker_device
+    self.skip_overflow = None
+    if loss_scale:  # what the base's apply_gradients applies the aggregate with
+      self.skip_overflow = self._opt = SkipOverflow(opt, ema, loss_scale,
+                                                    self._accumulator_list)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     # device(None) drops the enclosing device functions; the ops given no device
@@ -345,6 +370,48 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     return tf.compat.v1.train.QueueRunner(
         runner.queue, runner.enqueue_ops,
         queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
+
+
+class SkipOverflow:
+  """Sync fp16: applies SyncReplicasOptimizer's aggregated gradient, or skips it.
+
+  Runs on the chief's queue runner, once per update: the gradient (the mean of
+  the workers' unscaled ones) is applied, then the moving averages, only when it
+  is finite; else nothing is, the global step stays, and the shared scale halves
+  (mixed_precision.apply_or_skip). The workers read the new scale after their
+  token, so every gradient of an update is taken at one scale.
+
+  The tokens: each take_grad moves the accumulators' step on by one, and the
+  tokens handed out after an update name the global step, which the workers'
+  next gradients carry. After a skip the global step has not moved: the
+  accumulators are set back to it, so those gradients are not dropped as stale
+  (they are not: no variable changed). After an update this sets nothing new.
+
+  The chief's loop is not where a skip happens: each skip leaves a note,
+  (step, scale, new scale), in the queue `skips` on the ps, for it to print.
+  """
+
+  def __init__(self, opt, ema, loss_scale, accumulators):
+    self._opt, self._ema, self._loss_scale = opt, ema, loss_scale
+    self._accumulators = accumulators  # [(accumulator, device)], filled by the base
+    self.skips = None  # the notes' queue, made with the update
+
+  def apply_gradients(self, grads_and_vars, global_step):
+    grads = list(grads_and_vars)
+    self.skips = tf.queue.FIFOQueue(-1, [tf.int64, tf.float32, tf.float32],
+                                    shapes=[[], [], []], name='loss_scale_skips')
+    update = mixed_precision.apply_or_skip(
+        lambda: multi_gpu_train.then_average(
+            self._opt.apply_gradients(grads, global_step), self._ema),
+        mixed_precision.all_finite(grads), self._loss_scale)
+    with tf.control_dependencies([update.train_op]):
+      note = tf.cond(update.applied, tf.no_op, lambda: self.skips.enqueue(
+          [global_step.read_value() + 1, update.scale, update.new_scale]))
+      rewinds = []
+      for accumulator, device in self._accumulators:
+        with tf.compat.v1.device(device):
+          rewinds.append(accumulator.set_global_step(global_step))
+    return tf.group(update.train_op, note, *rewinds)
 
 
 class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
@@ -561,14 +628,22 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'decay_steps',      # int: updates between two drops of the learning rate
     'examples_per_update',  # int: this worker's batch_size x towers
     'replicas_to_aggregate',  # sync: gradients averaged per update; async: None
+    'loss_scale',       # fp16: mixed_precision.LossScale, on the ps; float32: None
+    'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
+                        # (applied, scale, new_scale); sync chief, the skips noted since
+                        # its last step, [steps], [scales], [new scales]; else None
 ])
 
 
 def build(run, settings, worker, data, epoch, record):
-  """Input, towers, the average and the update, placed by replica_device_setter."""
-  if settings.use_fp16:  # check_flags refuses the flag; this, a Settings that sets it
-    raise TrainingError('dist_train.py does not train in fp16: %s.'
-                        % REFUSED_FLAGS['use_fp16'])
+  """Input, towers, the average and the update, placed by replica_device_setter.
+
+  fp16: the loss scale lives on the ps with the variables (and in the checkpoint).
+  Each worker step reads it once: the towers scale their losses by that snapshot
+  and the worker divides its averaged gradient by it, so the gradient leaving the
+  worker is unscaled float32 whatever the other workers did to the scale meanwhile.
+  Who checks it and skips is the update's business (async_update, sync_update).
+  """
   worker_device = '/job:worker/task:%d' % run.task_index
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
@@ -584,18 +659,27 @@ def build(run, settings, worker, data, epoch, record):
     lr, decay_steps = multi_gpu_train.learning_rate(global_step, examples_per_update,
                                                     epoch.count, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+    loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
+                  if settings.use_fp16 else None)
+    with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
+      snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
     towers = multi_gpu_train.build_towers(next_batch, run.devices, opt, model,
-                                          variables_device='')
-    with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
+                                          variables_device='', loss_scale=snapshot)
+    with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = multi_gpu_train.average_gradients(towers.grads)
+      all_finite = None
+      if snapshot:  # fp16: the gradient leaves the worker unscaled
+        grads, all_finite = mixed_precision.unscale_and_check(grads, snapshot)
       loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
     ema = multi_gpu_train.moving_averages(global_step, model)
     update = sync_update if worker.sync_replicas else async_update
-    train_op, step_after, hooks, release_workers = update(
-        run, worker, opt, grads, global_step, ema, settings.max_steps)
+    train_op, step_after, hooks, release_workers, skip_check = update(
+        run, worker, opt, grads, global_step, ema, settings.max_steps,
+        loss_scale, snapshot and snapshot.scale, all_finite)
     summary_op = (multi_gpu_train.build_summaries(range(len(run.devices)), towers.losses,
-                                                  grads, lr, model)
+                                                  grads, lr, model,
+                                                  snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(saver=training_run.make_saver(),
@@ -609,34 +693,58 @@ def build(run, settings, worker, data, epoch, record):
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
-                    if worker.sync_replicas else None)
+                    if worker.sync_replicas else None, loss_scale, skip_check)
 
 
-def async_update(run, worker, opt, grads, global_step, ema, max_steps):
+def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
+                 scale=None, all_finite=None):
   """Each worker applies its own averaged gradient, then the moving averages.
 
+  fp16 (loss_scale, the scale this step read and all_finite given): the worker checks its own unscaled gradient.
+  Finite, it claims its global step and applies; not, it claims nothing (the
+  global step does not move), halves the shared scale from its snapshot and says
+  so. Each worker skips and halves on its own overflows; the counts are shared.
+
   Returns:
-    (train op, the global step it claimed, hooks, None).
+    (train op, the global step it claimed (fp16 skip: the global step), hooks,
+     None, fp16: this step's (applied, scale, new_scale), else None).
   """
   del run, worker
-  train_op = multi_gpu_train.then_average(
+  apply_fn = lambda: multi_gpu_train.then_average(
       claim_then_apply(opt, grads, global_step, max_steps), ema)
+  skip_check = None
+  if loss_scale:
+    update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale, scale)
+    train_op, skip_check = update.train_op, list(update[1:])
+  else:
+    train_op = apply_fn()
   with tf.control_dependencies([train_op]):
     step_after = tf.identity(global_step.read_value())  # this worker's update included
-  return train_op, step_after, [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)], None
+  return (train_op, step_after, [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)],
+          None, skip_check)
 
 
-def sync_update(run, worker, opt, grads, global_step, ema, max_steps):
+def sync_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
+                scale=None, all_finite=None):
   """SyncReplicasOptimizer: replicas_to_aggregate gradients averaged per update, the
   moving averages stepped right after each update, on the chief's queue runner.
 
+  fp16 (loss_scale given): each worker pushes its unscaled gradient; the chief's
+  queue runner checks the aggregated one and applies it or skips it (SyncReplicas).
+  No worker knows whether the update its gradient went into was skipped; the
+  chief takes the queue runner's notes of skips after each of its steps and
+  says them.
+
   Returns:
     (train op: push the gradient, wait for a token; the token, which names the
-     global step; hooks; the chief's op handing every worker a token at the end).
+     global step; hooks; the chief's op handing every worker a token at the end;
+     fp16 chief: the skips noted since its last step, else None).
   """
+  del scale, all_finite  # the chief checks the aggregate instead
   with quiet_deprecations():
     sync = SyncReplicas(opt, worker.replicas_to_aggregate or run.num_workers,
-                        run.num_workers, '/job:worker/task:%d' % run.task_index, ema)
+                        run.num_workers, '/job:worker/task:%d' % run.task_index, ema,
+                        loss_scale)
     train_op = sync.apply_gradients(grads, global_step=global_step)
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
              sync.make_session_run_hook(run.task_index == 0)]
@@ -644,7 +752,12 @@ def sync_update(run, worker, opt, grads, global_step, ema, max_steps):
     # update that will never come gets it, sees the last step and stops.
     release_workers = (sync.get_init_tokens_op(run.num_workers) if run.task_index == 0
                        else None)
-  return train_op, tf.identity(train_op), hooks, release_workers
+  skip_check = None
+  if loss_scale and run.task_index == 0:
+    skips = sync.skip_overflow.skips
+    with tf.control_dependencies([train_op]):  # the update of this step's token is in
+      skip_check = skips.dequeue_up_to(skips.size())  # every note left since the last step
+  return train_op, tf.identity(train_op), hooks, release_workers, skip_check
 
 
 @contextlib.contextmanager
@@ -681,6 +794,12 @@ def print_start(run, graph, settings, model, epoch):
       graph.decay_steps, epoch.count, epoch.source, graph.examples_per_update,
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir))
   print(multi_gpu_train.schedule_line(model, graph.decay_steps))
+  if graph.loss_scale is not None:
+    print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
+          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
+          'halved on an overflow by %s' % (
+              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
+              'the chief' if graph.replicas_to_aggregate else 'the worker that had it'))
   if run.task_index == 0:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % settings.train_dir)
@@ -700,7 +819,8 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
                       startup_timeout_secs + WATCHDOG_SLACK_SECS))
   if run.task_index == 0:
     creator = ChiefSessions(run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog,
-                            train_dir, scaffold=graph.scaffold,
+                            train_dir, graph.loss_scale is not None,
+                            scaffold=graph.scaffold,
                             # The checkpoint training_run found and read whole,
                             # not the state file's latest as TensorFlow reads it.
                             checkpoint_filename_with_path=run.checkpoint,
@@ -732,8 +852,9 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
         run, graph, step_timeout_secs + WATCHDOG_SLACK_SECS))
     start_time = time.time()
     try:
-      _, loss_value, step_after = sess.run([graph.train_op, graph.loss, graph.step_after],
-                                           options=run_options)
+      _, loss_value, step_after, skip_check = sess.run(
+          [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
+          options=run_options)
     except tf.errors.OutOfRangeError:
       break  # async: the other workers have claimed the last updates
     except tf.errors.DeadlineExceededError as e:
@@ -750,6 +871,13 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
           'INITIAL_LEARNING_RATE (%s/model.py) or --batch_size; the chief\'s last '
           'checkpoint is untouched.' % (loss_value, shown, run.who,
                                         model_name))
+    if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
+      for note in zip(*skip_check):                 # (step, scale, new scale)
+        multi_gpu_train.check_skip(*note)
+    elif skip_check and not skip_check[0]:  # async fp16: this worker's own step, unapplied
+      multi_gpu_train.check_skip(step_after + 1, *skip_check[1:])
+      step = step_after
+      continue
     if shown // log_frequency != last_shown // log_frequency or local_step == 1:
       examples_per_sec = graph.examples_per_update / duration
       sec_per_batch = duration / num_towers
