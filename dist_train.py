@@ -194,16 +194,16 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
   then restores the latest checkpoint into them, as a restarted chief does.
 
-  fp16: the restore is mixed_precision.restore's, after initialising everything,
-  so that a float32 run's checkpoint (no loss_scale/) resumes too.
+  fp16: restore_fp16 (mixed_precision.restorer's) restores, after everything is
+  initialised, so that a float32 run's checkpoint (no loss_scale/) resumes too.
   """
 
-  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, use_fp16,
+  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, restore_fp16,
                **kwargs):
     super().__init__(**kwargs)
     self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
     self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
-    self._use_fp16 = use_fp16
+    self._restore_fp16 = restore_fp16
 
   def create_session(self):
     if self._opened:
@@ -215,19 +215,17 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
     self._opened += 1
     path = self._checkpoint_filename_with_path
     with quiet_deprecations():  # of the Saver's restore
-      if not (self._use_fp16 and path):
+      if not (self._restore_fp16 and path):
         return super().create_session()
       self._scaffold.finalize()
       return self._get_session_manager().prepare_session(
           self._master, config=self._config, init_op=self._scaffold.init_op,
-          init_fn=lambda sess: restore_fp16(sess, path))
+          init_fn=lambda sess: self._restore_into(sess, path))
 
-
-def restore_fp16(sess, path):
-  """fp16 chief: path's variables into the ps tasks, a float32 run's checkpoint too."""
-  if mixed_precision.restore(sess, path, tf.compat.v1.global_variables()):
-    print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
-        path, mixed_precision.INITIAL_LOSS_SCALE), flush=True)
+  def _restore_into(self, sess, path):
+    if self._restore_fp16(sess, path):
+      print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+          path, mixed_precision.INITIAL_LOSS_SCALE), flush=True)
 
 
 class WorkerSessions(tf.compat.v1.train.SessionCreator):
@@ -629,6 +627,7 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'examples_per_update',  # int: this worker's batch_size x towers
     'replicas_to_aggregate',  # sync: gradients averaged per update; async: None
     'loss_scale',       # fp16: mixed_precision.LossScale, on the ps; float32: None
+    'restore_fp16',     # fp16 chief: mixed_precision.restorer's restore(sess, path)
     'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
                         # (applied, scale, new_scale); sync chief, the skips noted since
                         # its last step, [steps], [scales], [new scales]; else None
@@ -684,6 +683,8 @@ def build(run, settings, worker, data, epoch, record):
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(saver=training_run.make_saver(),
                                            summary_op=summary_op)
+    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
+                    if loss_scale and run.task_index == 0 else None)
     if run.task_index == 0:
       hooks.append(SaveCheckpoints(settings.train_dir, settings.save_every_n_steps,
                                    scaffold.saver, global_step))
@@ -693,7 +694,8 @@ def build(run, settings, worker, data, epoch, record):
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
-                    if worker.sync_replicas else None, loss_scale, skip_check)
+                    if worker.sync_replicas else None, loss_scale, restore_fp16,
+                    skip_check)
 
 
 def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
@@ -819,7 +821,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
                       startup_timeout_secs + WATCHDOG_SLACK_SECS))
   if run.task_index == 0:
     creator = ChiefSessions(run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog,
-                            train_dir, graph.loss_scale is not None,
+                            train_dir, graph.restore_fp16,
                             scaffold=graph.scaffold,
                             # The checkpoint training_run found and read whole,
                             # not the state file's latest as TensorFlow reads it.

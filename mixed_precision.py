@@ -228,15 +228,32 @@ def restore(sess, checkpoint_path, var_list):
     list of str: the loss-scale variables initialised instead of restored,
     empty when the checkpoint had them.
   """
-  in_checkpoint = {name for name, _ in tf.train.list_variables(checkpoint_path)}
-  fresh = [v for v in var_list if v.op.name.startswith(LOSS_SCALE_SCOPE + '/')
-           and v.op.name not in in_checkpoint]
-  fresh_names = {v.op.name for v in fresh}
-  restored = [v for v in var_list if v.op.name not in fresh_names]
-  tf.compat.v1.train.Saver(restored).restore(sess, checkpoint_path)
-  if fresh:
-    sess.run(tf.compat.v1.variables_initializer(fresh))
-  return sorted(fresh_names)
+  return restorer(var_list)(sess, checkpoint_path)
+
+
+def restorer(var_list):
+  """restore(), its ops built now: for a graph finalized before it restores
+  (dist_train.py's chief, under MonitoredSession).
+
+  Returns:
+    callable (sess, checkpoint_path) -> what restore() returns.
+  """
+  loss_scale = [v for v in var_list if v.op.name.startswith(LOSS_SCALE_SCOPE + '/')]
+  names = {v.op.name for v in loss_scale}
+  others = tf.compat.v1.train.Saver([v for v in var_list if v.op.name not in names])
+  # Per loss-scale variable: its restore, or its initial value.
+  each = [(v.op.name, tf.compat.v1.train.Saver([v]), v.initializer) for v in loss_scale]
+
+  def restore_fn(sess, checkpoint_path):
+    in_checkpoint = {name for name, _ in tf.train.list_variables(checkpoint_path)}
+    others.restore(sess, checkpoint_path)
+    for name, saver, initializer in each:
+      if name in in_checkpoint:
+        saver.restore(sess, checkpoint_path)
+      else:
+        sess.run(initializer)
+    return sorted(names - in_checkpoint)
+  return restore_fn
 
 
 def checkpoint_skipped_steps(checkpoint_path):
