@@ -27,6 +27,12 @@ In the trainer's graph (sync towers):
                                                           loss_scale)
     update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale)
 
+dist_train.py keeps the scale on the ps, shared by the workers: each worker
+step reads it once (read_once) and scales and unscales with that snapshot.
+Async workers pass it to apply_or_skip, which then halves from the snapshot and
+writes the scale only on a skip or a doubling; sync, the chief's queue runner
+checks the aggregated gradient (all_finite) and calls apply_or_skip without one.
+
 tf_cnn_benchmarks does the same (float32 storage getter, loss scaling); the
 legacy tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer unscales
 each tower's gradients separately and leaves the moving averages outside its
