@@ -702,10 +702,10 @@ def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scal
                  scale=None, all_finite=None):
   """Each worker applies its own averaged gradient, then the moving averages.
 
-  fp16 (loss_scale, the scale this step read and all_finite given): the worker checks its own unscaled gradient.
-  Finite, it claims its global step and applies; not, it claims nothing (the
-  global step does not move), halves the shared scale from its snapshot and says
-  so. Each worker skips and halves on its own overflows; the counts are shared.
+  fp16 (loss_scale, the scale this step read, all_finite): the worker checks its
+  own unscaled gradient. Finite, it claims its global step and applies; not, it
+  claims nothing (the global step does not move) and halves the shared scale
+  from the scale it read; the loop says so. Each worker skips its own overflows.
 
   Returns:
     (train op, the global step it claimed (fp16 skip: the global step), hooks,
