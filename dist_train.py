@@ -11,26 +11,19 @@ r"""Trains the CIFAR-10 model on several machines with TensorFlow's parameter se
     python dist_train.py --job_name=worker --task_index=1 ...
 
     # Kubernetes (Kubeflow TFJob) and Slurm: the cluster from the environment.
-    python dist_train.py --allow_nonloopback_hosts ...        # TF_CONFIG set by TFJob
+    python dist_train.py ...                                  # TF_CONFIG set by TFJob
     srun python dist_train.py --cluster=slurm --num_ps=1 ...  # see deploy/
 
-ps tasks hold the variables and serve them until every worker has said it has
-finished; then they exit 0, as every task does at the end of training. A
-TF_CONFIG "chief" (or "master") is worker 0; an "evaluator" scores the chief's
-checkpoints and exits once it has scored the last. Exit codes: 0 done, 1 a
-fault a restart cannot cure, 130/143 stopped by a signal, 138 a peer went away
-(restart this task); docs/distributed.md#exit-codes. Each worker
-builds multi_gpu_train.py's graph: --num_gpus towers whose gradients are averaged
-on the worker, so one gradient per worker step leaves the machine.
-- Async (default): each worker applies its own gradient as soon as it is ready.
-  The global step counts these updates; exactly --max_steps of them are applied.
-- Sync (--sync_replicas): SyncReplicasOptimizer averages --replicas_to_aggregate
-  gradients (default: one per worker) and applies them once; the global step
-  counts these averaged updates, and gradients computed on variables that have
-  changed since are dropped. Fewer than the number of workers leaves the others
-  as backup workers, so an update does not wait for the slowest one.
-Worker 0, the chief, initialises or restores the variables and writes
-checkpoints and summaries to --train_dir; the other workers only train.
+ps tasks hold the variables; each worker builds multi_gpu_train.py's towers
+(build_towers) and averages their gradients, so one gradient per worker step
+leaves the machine: applied at once (async, the default; exactly --max_steps
+updates land) or averaged over --replicas_to_aggregate workers first
+(--sync_replicas; fewer than the workers leaves backup workers). Worker 0, the
+chief (TF_CONFIG's "chief" or "master"), initialises or restores the variables
+and writes checkpoints and summaries; TF_CONFIG's "evaluator" scores them. Every
+task exits by itself at the end. Exit codes: 0 done, 1 a fault a restart cannot
+cure, 130/143 stopped by a signal, 138 a peer went away (restart this task).
+Details: docs/distributed.md.
 
 SECURITY: TensorFlow servers have no authentication and no encryption, and each
 task listens on every network interface of its machine on its port, whatever
@@ -57,7 +50,6 @@ import contextlib
 import datetime
 import functools
 import time
-import types
 import typing
 
 from absl import app
@@ -68,11 +60,13 @@ import tensorflow as tf
 import cluster_env
 import evaluation
 import local_cluster
+import mixed_precision
 import multi_gpu_train  # the towers, the average, the schedule and the flags both share
 import placement
 import ps_shutdown
 import training_run
 import worker_sessions
+import worker_updates
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
@@ -125,9 +119,6 @@ REFUSED_FLAGS = {
     'seed': 'the workers\' updates reach the ps tasks in whatever order the network and '
             'the machines give, so a distributed run cannot repeat exactly; use '
             'multi_gpu_train.py --seed for runs to compare',
-    'use_fp16': 'its loss scale is not built for workers: async ones would race for one '
-                'shared scale, and a sync update skipped after an overflow would need its '
-                'check on the chief, after the aggregation (README, "--use_fp16")',
 }
 for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
   if _flag.name not in REFUSED_FLAGS:
@@ -136,62 +127,6 @@ LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker
                   'cluster', 'num_ps', 'slurm_port_base']
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']
 TrainingError = training_run.TrainingError
-
-
-def claim_then_apply(opt, grads, global_step, max_steps):
-  """Async: an update that first claims its global step, then applies the gradients.
-
-  Async workers apply their updates independently. Stopping "once the global step
-  reaches max_steps" would let every worker that is mid-step land one more update.
-  Here each update first takes the next global step with count_up_to, atomically
-  on the ps; the claim past max_steps fails with OutOfRangeError, which ends that
-  worker's loop. Exactly max_steps updates land, whichever workers make them, and
-  a restored checkpoint's global step is where the counting resumes.
-  """
-  # The claim waits for the gradients: taken earlier, the global step would count
-  # an update still being computed.
-  with tf.control_dependencies([g for g, _ in grads]), \
-      worker_sessions.quiet_deprecations(), tf.compat.v1.colocate_with(global_step):
-    # count_up_to's notice ('use Dataset.range') does not apply: this counter is a
-    # variable on the ps that every worker shares, which no Dataset can be.
-    claim = tf.compat.v1.count_up_to(global_step, max_steps)
-  with tf.control_dependencies([claim]):
-    return opt.apply_gradients(grads)  # counted by the claim
-
-
-class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
-  """SyncReplicasOptimizer, its local step kept on this worker, its end quiet.
-
-  Placement: SyncReplicasOptimizer puts its token queue and gradient accumulators
-  beside global_step (on the ps) with tf.device() scopes of its own, and leaves
-  its per-worker local step unplaced, where replica_device_setter would put it on
-  the ps: one variable shared by every worker. apply_gradients() builds under this
-  worker's device alone, where the optimizer's own scopes still put the queue on
-  the ps.
-
-  The end: the chief's queue runner waits in take_grad for gradients; closing
-  the session cancels that wait, which is the normal end, not an error.
-  """
-
-  def __init__(self, opt, replicas_to_aggregate, total_num_replicas, worker_device,
-               ema):
-    super().__init__(opt, replicas_to_aggregate=replicas_to_aggregate,
-                     total_num_replicas=total_num_replicas, variable_averages=ema,
-                     variables_to_average=tf.compat.v1.trainable_variables())
-    self._worker_device = worker_device
-
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    # device(None) drops the enclosing device functions; the ops given no device
-    # of their own (the local step) stay on this worker.
-    with tf.compat.v1.device(None), tf.compat.v1.device(self._worker_device), \
-        worker_sessions.quiet_deprecations():  # of the QueueRunner it makes
-      return super().apply_gradients(grads_and_vars, global_step, name)
-
-  def get_chief_queue_runner(self):
-    runner = super().get_chief_queue_runner()
-    return tf.compat.v1.train.QueueRunner(
-        runner.queue, runner.enqueue_ops,
-        queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
 
 
 def run_ps(cluster, task_index, stop):
@@ -356,14 +291,23 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'decay_steps',      # int: updates between two drops of the learning rate
     'examples_per_update',  # int: this worker's batch_size x towers
     'replicas_to_aggregate',  # sync: gradients averaged per update; async: None
+    'loss_scale',       # fp16: mixed_precision.LossScale, on the ps; float32: None
+    'restore_fp16',     # fp16 chief: mixed_precision.restorer's restore(sess, path)
+    'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
+                        # (applied, scale, new_scale); sync chief, the skips noted since
+                        # its last step, [steps], [scales], [new scales]; else None
 ])
 
 
 def build(run, settings, worker, data, epoch, record):
-  """Input, towers, the average and the update, placed by replica_device_setter."""
-  if settings.use_fp16:  # check_flags refuses the flag; this, a Settings that sets it
-    raise TrainingError('dist_train.py does not train in fp16: %s.'
-                        % REFUSED_FLAGS['use_fp16'])
+  """Input, towers, the average and the update, placed by replica_device_setter.
+
+  fp16: the loss scale lives on the ps with the variables (and in the checkpoint).
+  Each worker step reads it once: the towers scale their losses by that snapshot
+  and the worker divides its averaged gradient by it, so the gradient leaving the
+  worker is unscaled float32 whatever the other workers did to the scale meanwhile.
+  Who checks it and skips is the update's business (async_update, sync_update).
+  """
   worker_device = '/job:worker/task:%d' % run.task_index
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
@@ -379,22 +323,34 @@ def build(run, settings, worker, data, epoch, record):
     lr, decay_steps = multi_gpu_train.learning_rate(global_step, examples_per_update,
                                                     epoch.count, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+    loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
+                  if settings.use_fp16 else None)
+    with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
+      snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
     towers = multi_gpu_train.build_towers(next_batch, run.devices, opt, model,
-                                          variables_device='')
-    with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
+                                          variables_device='', loss_scale=snapshot)
+    with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = multi_gpu_train.average_gradients(towers.grads)
+      all_finite = None
+      if snapshot:  # fp16: the gradient leaves the worker unscaled
+        grads, all_finite = mixed_precision.unscale_and_check(grads, snapshot)
       loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
     ema = multi_gpu_train.moving_averages(global_step, model)
-    update = sync_update if worker.sync_replicas else async_update
-    train_op, step_after, hooks, release_workers = update(
-        run, worker, opt, grads, global_step, ema, settings.max_steps)
+    update = (worker_updates.sync_update if worker.sync_replicas else
+              worker_updates.async_update)
+    train_op, step_after, hooks, release_workers, skip_check = update(
+        run, worker, opt, grads, global_step, ema, settings.max_steps,
+        loss_scale, snapshot and snapshot.scale, all_finite)
     summary_op = (multi_gpu_train.build_summaries(range(len(run.devices)), towers.losses,
-                                                  grads, lr, model)
+                                                  grads, lr, model,
+                                                  snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(saver=training_run.make_saver(),
                                            summary_op=summary_op)
+    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
+                    if loss_scale and run.task_index == 0 else None)
     if run.task_index == 0:
       hooks.append(worker_sessions.SaveCheckpoints(
           settings.train_dir, settings.save_every_n_steps, multi_gpu_train.KEEP_CHECKPOINTS,
@@ -405,42 +361,8 @@ def build(run, settings, worker, data, epoch, record):
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
-                    if worker.sync_replicas else None)
-
-
-def async_update(run, worker, opt, grads, global_step, ema, max_steps):
-  """Each worker applies its own averaged gradient, then the moving averages.
-
-  Returns:
-    (train op, the global step it claimed, hooks, None).
-  """
-  del run, worker
-  train_op = multi_gpu_train.then_average(
-      claim_then_apply(opt, grads, global_step, max_steps), ema)
-  with tf.control_dependencies([train_op]):
-    step_after = tf.identity(global_step.read_value())  # this worker's update included
-  return train_op, step_after, [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)], None
-
-
-def sync_update(run, worker, opt, grads, global_step, ema, max_steps):
-  """SyncReplicasOptimizer: replicas_to_aggregate gradients averaged per update, the
-  moving averages stepped right after each update, on the chief's queue runner.
-
-  Returns:
-    (train op: push the gradient, wait for a token; the token, which names the
-     global step; hooks; the chief's op handing every worker a token at the end).
-  """
-  with worker_sessions.quiet_deprecations():
-    sync = SyncReplicas(opt, worker.replicas_to_aggregate or run.num_workers,
-                        run.num_workers, '/job:worker/task:%d' % run.task_index, ema)
-    train_op = sync.apply_gradients(grads, global_step=global_step)
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-             sync.make_session_run_hook(run.task_index == 0)]
-    # At the end the chief hands out one token per worker: a worker waiting for an
-    # update that will never come gets it, sees the last step and stops.
-    release_workers = (sync.get_init_tokens_op(run.num_workers) if run.task_index == 0
-                       else None)
-  return train_op, tf.identity(train_op), hooks, release_workers
+                    if worker.sync_replicas else None, loss_scale, restore_fp16,
+                    skip_check)
 
 
 def print_start(run, graph, settings, model, epoch):
@@ -464,6 +386,12 @@ def print_start(run, graph, settings, model, epoch):
       graph.decay_steps, epoch.count, epoch.source, graph.examples_per_update,
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir))
   print(multi_gpu_train.schedule_line(model, graph.decay_steps))
+  if graph.loss_scale is not None:
+    print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
+          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
+          'halved on an overflow by %s' % (
+              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
+              'the chief' if graph.replicas_to_aggregate else 'the worker that had it'))
   if run.task_index == 0:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % settings.train_dir)
@@ -484,6 +412,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
   if run.task_index == 0:
     creator = worker_sessions.ChiefSessions(
         run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
+        graph.restore_fp16,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
         # The checkpoint training_run found and read whole, not the state file's
         # latest as TensorFlow reads it.
@@ -515,8 +444,9 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
         run, graph, step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
     start_time = time.time()
     try:
-      _, loss_value, step_after = sess.run([graph.train_op, graph.loss, graph.step_after],
-                                           options=run_options)
+      _, loss_value, step_after, skip_check = sess.run(
+          [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
+          options=run_options)
     except tf.errors.OutOfRangeError:
       break  # async: the other workers have claimed the last updates
     except tf.errors.DeadlineExceededError as e:
@@ -533,6 +463,13 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
           'INITIAL_LEARNING_RATE (%s/model.py) or --batch_size; the chief\'s last '
           'checkpoint is untouched.' % (loss_value, shown, run.who,
                                         model_name))
+    if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
+      for note in zip(*skip_check):                 # (step, scale, new scale)
+        multi_gpu_train.check_skip(*note)
+    elif skip_check and not skip_check[0]:  # async fp16: this worker's own step, unapplied
+      multi_gpu_train.check_skip(step_after + 1, *skip_check[1:])
+      step = step_after
+      continue
     if shown // log_frequency != last_shown // log_frequency or local_step == 1:
       examples_per_sec = graph.examples_per_update / duration
       sec_per_batch = duration / num_towers
@@ -718,12 +655,10 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
   print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
         'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
                                eval_dir), flush=True)
-  options = types.SimpleNamespace(  # evaluation.define_flags()'s names
-      checkpoint_dir=settings.train_dir, eval_dir=eval_dir, eval_data='test',
-      data_dir=settings.data_dir, data_url=settings.data_url, data_md5=settings.data_md5,
-      eval_interval_secs=eval_interval_secs, run_once=False,
-      batch_size=settings.batch_size, use_moving_averages=True)
-  evaluation.main(options, data.model, data.input, 'python dist_train.py',
+  evaluation.main(evaluation.Options(settings.train_dir, eval_dir, settings.data_dir,
+                                     settings.data_url, settings.data_md5,
+                                     eval_interval_secs, settings.batch_size),
+                  data.model, data.input, 'python dist_train.py',
                   last_step=settings.max_steps)
   print('evaluator done: it has scored the checkpoint at --max_steps=%d' % settings.max_steps,
         flush=True)
@@ -736,12 +671,9 @@ def main_local_cluster():
       sys.exit('error: --local_cluster starts every task itself on 127.0.0.1; drop --%s'
                % name)
   try:
-    num_ps, num_workers = [int(n) for n in FLAGS.local_cluster.split(',')]
-  except ValueError:
-    num_ps = num_workers = 0
-  if num_ps < 1 or num_workers < 1:
-    sys.exit('error: --local_cluster takes P,W with at least 1 ps task and 1 worker, '
-             'e.g. --local_cluster=1,2; got %r' % FLAGS.local_cluster)
+    num_ps, num_workers = local_cluster.parse_spec(FLAGS.local_cluster)
+  except ValueError as e:
+    sys.exit('error: %s' % e)
   with training_run.one_line_errors():
     if not FLAGS.synthetic:  # once, here, rather than racing in every worker
       data_input = multi_gpu_train.DATASETS[FLAGS.dataset].input

@@ -6,6 +6,7 @@ the moving-average (shadow) values of the checkpoint are restored into it;
 every record of the chosen split is scored exactly once. The checkpoint
 directory is only read: never written, locked or deleted.
 """
+import collections
 import datetime
 import os
 import sys
@@ -120,6 +121,13 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
   if seen != num_records:
     raise EvalError('scored %d records, expected %d' % (seen, num_records))
   return true_count / seen, total_loss / seen, seen, step
+
+
+# What main() reads of the flags, for a program that has its own (dist_train.py's evaluator).
+Options = collections.namedtuple('Options', [
+    'checkpoint_dir', 'eval_dir', 'data_dir', 'data_url', 'data_md5', 'eval_interval_secs',
+    'batch_size', 'eval_data', 'run_once', 'use_moving_averages'],
+    defaults=('test', False, True))
 
 
 def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-name

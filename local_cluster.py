@@ -274,6 +274,18 @@ def die_with_launcher():
       os._exit(1)
 
 
+def parse_spec(value):
+  """--local_cluster's 'P,W' -> (P, W); ValueError naming the value unless both are >= 1."""
+  try:
+    num_ps, num_workers = [int(n) for n in value.split(',')]
+  except ValueError:
+    num_ps = num_workers = 0
+  if num_ps < 1 or num_workers < 1:
+    raise ValueError('--local_cluster takes P,W with at least 1 ps task and 1 worker, '
+                     'e.g. --local_cluster=1,2; got %r' % value)
+  return num_ps, num_workers
+
+
 def run(num_ps, num_workers, task_flags, exposure_warning):
   """Starts the cluster in a private network where possible; returns the exit code.
 

@@ -27,6 +27,12 @@ In the trainer's graph (sync towers):
                                                           loss_scale)
     update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale)
 
+dist_train.py keeps the scale on the ps, shared by the workers: each worker
+step reads it once (read_once) and scales and unscales with that snapshot.
+Async workers pass it to apply_or_skip, which then halves from the snapshot and
+writes the scale only on a skip or a doubling; sync, the chief's queue runner
+checks the aggregated gradient (all_finite) and calls apply_or_skip without one.
+
 tf_cnn_benchmarks does the same (float32 storage getter, loss scaling); the
 legacy tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer unscales
 each tower's gradients separately and leaves the moving averages outside its
@@ -113,13 +119,33 @@ def scale_loss(loss, loss_scale):
   return tf.multiply(loss, loss_scale.scale, name='scaled_loss')
 
 
+def read_once(loss_scale):
+  """The scale read once, for a step of workers that share loss_scale (dist_train.py).
+
+  Other workers may change the shared scale while this step runs; every tower
+  scales its loss by this one value, and unscale_and_check divides by it, so the
+  gradient that leaves the worker is right whatever the others did meanwhile.
+
+  Returns:
+    LossScale whose scale is a float32 scalar tensor, loss_scale/snapshot.
+  """
+  return loss_scale._replace(scale=tf.identity(loss_scale.scale, name='snapshot'))
+
+
+def all_finite(grads_and_vars):
+  """bool scalar: False when any gradient holds inf or NaN."""
+  return tf.reduce_all(
+      tf.stack([tf.reduce_all(tf.math.is_finite(grad)) for grad, _ in grads_and_vars]),
+      name='all_finite')
+
+
 def unscale_and_check(grads_and_vars, loss_scale):
   """Divides the averaged gradients by the scale and checks them, once per step.
 
   Args:
     grads_and_vars: list over variables of (float32 gradient of the scaled loss,
       variable), as average_gradients returns it.
-    loss_scale: LossScale.
+    loss_scale: LossScale (or read_once's snapshot of it).
 
   Returns:
     (grads_and_vars divided by the scale (exact: the scale is a power of two),
@@ -128,10 +154,8 @@ def unscale_and_check(grads_and_vars, loss_scale):
   with tf.name_scope('unscale'):
     inverse = 1.0 / loss_scale.scale
     unscaled = [(grad * inverse, var) for grad, var in grads_and_vars]
-    all_finite = tf.reduce_all(
-        tf.stack([tf.reduce_all(tf.math.is_finite(grad)) for grad, _ in unscaled]),
-        name='all_finite')
-  return unscaled, all_finite
+    finite = all_finite(unscaled)
+  return unscaled, finite
 
 
 LossScaleUpdate = collections.namedtuple('LossScaleUpdate', [
@@ -142,7 +166,7 @@ LossScaleUpdate = collections.namedtuple('LossScaleUpdate', [
 ])
 
 
-def apply_or_skip(apply_fn, all_finite, loss_scale):
+def apply_or_skip(apply_fn, all_finite, loss_scale, scale=None):
   """Applies the update only when the gradients are finite, then adjusts the scale.
 
   Args:
@@ -151,32 +175,46 @@ def apply_or_skip(apply_fn, all_finite, loss_scale):
       the true branch of a tf.cond, so a skipped step runs none of it.
     all_finite: bool scalar from unscale_and_check.
     loss_scale: LossScale.
+    scale: float32 scalar, the scale this step's gradients were taken at, when
+      several workers share loss_scale (read_once's); None: read here, once the
+      towers are done with it.
 
   Returns:
-    LossScaleUpdate. On a skipped step the scale halves (not below
-    MIN_LOSS_SCALE) and skipped_steps counts it; after loss_scale.period applied
-    steps in a row the scale doubles.
+    LossScaleUpdate. On a skipped step the scale halves from `scale` (not below
+    MIN_LOSS_SCALE, and never back up past a lower value another worker has set
+    meanwhile) and skipped_steps counts it; after loss_scale.period applied steps
+    in a row the scale doubles. Only a skip or a doubling writes the scale, so a
+    worker's clean step cannot undo another's halving.
   """
   with tf.name_scope('apply_or_skip'):
-    # Read after every tower has used the scale, so that the assign below
-    # cannot overtake any of their reads.
-    with tf.control_dependencies([all_finite]):
-      scale = tf.identity(loss_scale.scale, name='scale')
-      good_steps = tf.identity(loss_scale.good_steps, name='good_steps')
+    if scale is None:
+      # Read after every tower has used the scale, so that the assigns below
+      # cannot overtake any of their reads.
+      with tf.control_dependencies([all_finite]):
+        scale = tf.identity(loss_scale.scale, name='scale')
 
     def apply():
       with tf.control_dependencies([apply_fn()]):
-        return tf.constant(True)
+        # Atomic on the variable: of workers applying at once, one reaches period.
+        good_steps = loss_scale.good_steps.assign_add(1, read_value=True)
 
-    applied = tf.cond(all_finite, apply, lambda: tf.constant(False), name='applied')
-    grow = tf.logical_and(applied, good_steps + 1 >= loss_scale.period)
-    new_scale = tf.where(applied, tf.where(grow, scale * 2.0, scale),
-                         tf.maximum(scale * 0.5, MIN_LOSS_SCALE), name='new_scale')
-    new_good_steps = tf.where(applied & ~grow, good_steps + 1, tf.zeros_like(good_steps))
-    skipped = tf.cast(tf.logical_not(applied), tf.int64)
-    train_op = tf.group(loss_scale.scale.assign(new_scale),
-                        loss_scale.good_steps.assign(new_good_steps),
-                        loss_scale.skipped_steps.assign_add(skipped), name='train_op')
+      def double():
+        with tf.control_dependencies([loss_scale.good_steps.assign(0)]):
+          return loss_scale.scale.assign(loss_scale.scale * 2.0, read_value=True)
+
+      new_scale = tf.cond(good_steps >= loss_scale.period, double,
+                          lambda: tf.identity(loss_scale.scale))
+      return tf.constant(True), new_scale
+
+    def skip():
+      new_scale = tf.minimum(loss_scale.scale, tf.maximum(scale * 0.5, MIN_LOSS_SCALE))
+      with tf.control_dependencies([loss_scale.scale.assign(new_scale),
+                                    loss_scale.good_steps.assign(0),
+                                    loss_scale.skipped_steps.assign_add(1)]):
+        return tf.constant(False), tf.identity(new_scale)
+
+    applied, new_scale = tf.cond(all_finite, apply, skip, name='applied')
+    train_op = tf.group(applied, new_scale, name='train_op')
   return LossScaleUpdate(train_op, applied, scale, new_scale)
 
 
@@ -196,15 +234,32 @@ def restore(sess, checkpoint_path, var_list):
     list of str: the loss-scale variables initialised instead of restored,
     empty when the checkpoint had them.
   """
-  in_checkpoint = {name for name, _ in tf.train.list_variables(checkpoint_path)}
-  fresh = [v for v in var_list if v.op.name.startswith(LOSS_SCALE_SCOPE + '/')
-           and v.op.name not in in_checkpoint]
-  fresh_names = {v.op.name for v in fresh}
-  restored = [v for v in var_list if v.op.name not in fresh_names]
-  tf.compat.v1.train.Saver(restored).restore(sess, checkpoint_path)
-  if fresh:
-    sess.run(tf.compat.v1.variables_initializer(fresh))
-  return sorted(fresh_names)
+  return restorer(var_list)(sess, checkpoint_path)
+
+
+def restorer(var_list):
+  """restore(), its ops built now: for a graph finalized before it restores
+  (dist_train.py's chief, under MonitoredSession).
+
+  Returns:
+    callable (sess, checkpoint_path) -> what restore() returns.
+  """
+  loss_scale = [v for v in var_list if v.op.name.startswith(LOSS_SCALE_SCOPE + '/')]
+  names = {v.op.name for v in loss_scale}
+  others = tf.compat.v1.train.Saver([v for v in var_list if v.op.name not in names])
+  # Per loss-scale variable: its restore, or its initial value.
+  each = [(v.op.name, tf.compat.v1.train.Saver([v]), v.initializer) for v in loss_scale]
+
+  def restore_fn(sess, checkpoint_path):
+    in_checkpoint = {name for name, _ in tf.train.list_variables(checkpoint_path)}
+    others.restore(sess, checkpoint_path)
+    for name, saver, initializer in each:
+      if name in in_checkpoint:
+        saver.restore(sess, checkpoint_path)
+      else:
+        sess.run(initializer)
+    return sorted(names - in_checkpoint)
+  return restore_fn
 
 
 def checkpoint_skipped_steps(checkpoint_path):

@@ -21,6 +21,7 @@ import time
 
 import tensorflow as tf
 
+import mixed_precision
 import training_run
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
@@ -60,12 +61,17 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   MonitoredSession opens another when a step fails because a ps task went away
   (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
   then restores the latest checkpoint into them, as a restarted chief does.
+
+  fp16: restore_fp16 (mixed_precision.restorer's) restores, after everything is
+  initialised, so that a float32 run's checkpoint (no loss_scale/) resumes too.
   """
 
-  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, **kwargs):
+  def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, restore_fp16,
+               **kwargs):
     super().__init__(**kwargs)
     self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
     self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
+    self._restore_fp16 = restore_fp16
 
   def create_session(self):
     if self._opened:
@@ -75,8 +81,19 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
       self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
           self._train_dir)[0]
     self._opened += 1
+    path = self._checkpoint_filename_with_path
     with quiet_deprecations():  # of the Saver's restore
-      return super().create_session()
+      if not (self._restore_fp16 and path):
+        return super().create_session()
+      self._scaffold.finalize()
+      return self._get_session_manager().prepare_session(
+          self._master, config=self._config, init_op=self._scaffold.init_op,
+          init_fn=lambda sess: self._restore_into(sess, path))
+
+  def _restore_into(self, sess, path):
+    if self._restore_fp16(sess, path):
+      print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+          path, mixed_precision.INITIAL_LOSS_SCALE), flush=True)
 
 
 class WorkerSessions(tf.compat.v1.train.SessionCreator):

@@ -21,6 +21,7 @@ import tensorflow as tf
 import conftest
 import dist_train
 import local_cluster
+import mnist_input
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST_TRAIN = os.path.join(ROOT, 'dist_train.py')
@@ -685,3 +686,116 @@ def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice
   assert ('anyone who can reach port %d of this machine (this task, worker 0)' % worker_port
           in out), out
   assert 'tensorflow/blob/master/SECURITY.md' in out
+
+
+# ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----
+# MNIST's pixels are 0..255: at the initial scale of 32768 the first gradients
+# overflow float16, so every fresh fp16 run starts with a few skips.
+
+SKIP_LINE = re.compile(r'^\S+ \S+: step (\d+) skipped: gradients overflowed at loss scale '
+                       r'(\S+); scale now (\S+)$')
+FP16_STEPS = 12
+LOSS_SCALE_VARIABLES = {'loss_scale/scale', 'loss_scale/good_steps',
+                        'loss_scale/skipped_steps'}
+
+
+@pytest.fixture(scope='module')
+def mnist_sample(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('mnist'))
+  mnist_input.write_sample(path, train_records=2000, test_records=500)
+  return ['--dataset=mnist', '--data_dir=%s' % path, '--summary_steps=0']
+
+
+@pytest.fixture(scope='module')
+def fp16_async_run(module_tasks, mnist_sample, tmp_path_factory):
+  """1 ps + 2 async workers in fp16, from step 0 to FP16_STEPS."""
+  train_dir = str(tmp_path_factory.mktemp('fp16_async'))
+  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16',
+                           '--max_steps=%d' % FP16_STEPS, *mnist_sample)
+  return train_dir, logs
+
+
+@pytest.fixture(scope='module')
+def float32_after_fp16_run(module_tasks, mnist_sample, fp16_async_run, tmp_path_factory):
+  """1 ps + 1 float32 worker, from the fp16 run's last checkpoint, 2 steps more."""
+  train_dir = os.path.join(str(tmp_path_factory.mktemp('float32')), 'train')
+  start_from(tf.train.latest_checkpoint(fp16_async_run[0]), train_dir)
+  logs = run_local_cluster(module_tasks, 1, 1, train_dir, '--max_steps=%d' % (FP16_STEPS + 2),
+                           *mnist_sample)
+  return train_dir, logs
+
+
+@pytest.fixture(scope='module')
+def fp16_sync_after_float32_run(module_tasks, mnist_sample, float32_after_fp16_run,
+                                tmp_path_factory):
+  """1 ps + 2 sync workers in fp16, from the float32 run's last checkpoint."""
+  train_dir = os.path.join(str(tmp_path_factory.mktemp('fp16_sync')), 'train')
+  start_from(tf.train.latest_checkpoint(float32_after_fp16_run[0]), train_dir)
+  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16', '--sync_replicas',
+                           '--max_steps=%d' % (FP16_STEPS + 12), *mnist_sample)
+  return train_dir, logs
+
+
+def assert_float32_variables(checkpoint):
+  """Weights and their moving averages float32; only the counters are integers."""
+  assert {n for n, v in checkpoint.items() if v.dtype != np.float32} <= {
+      'global_step', 'loss_scale/good_steps', 'loss_scale/skipped_steps'}
+  assert any(n.endswith('/ExponentialMovingAverage') for n in checkpoint)
+
+
+@pytest.mark.slow
+def test_async_fp16_workers_skip_own_overflows_without_claiming_steps(fp16_async_run):
+  train_dir, logs = fp16_async_run
+  skips, local_steps = [], 0
+  for worker in ('worker0', 'worker1'):
+    skips += matches(SKIP_LINE, logs[worker])
+    [done] = matches(DONE_LINE, logs[worker])
+    assert int(done.group(3)) == FP16_STEPS
+    local_steps += int(done.group(2))
+  checkpoint = load(train_dir)
+  assert LOSS_SCALE_VARIABLES <= set(checkpoint) and checkpoint['global_step'] == FP16_STEPS
+  assert_float32_variables(checkpoint)
+  # The first worker to overflow halves 32768; each skip halves from the scale its
+  # own gradients were taken at (or keeps a lower one another worker set).
+  assert ('32768', '16384') in [s.groups()[1:] for s in skips]
+  assert all(float(s.group(3)) <= float(s.group(2)) / 2 for s in skips)
+  # Every worker step either claimed one global step or skipped and claimed none,
+  # and every skip was said by its worker.
+  assert len(skips) == checkpoint['loss_scale/skipped_steps'] > 0
+  assert local_steps == FP16_STEPS + len(skips)
+  assert checkpoint['loss_scale/scale'] < 32768
+
+
+@pytest.mark.slow
+def test_fp16_dist_checkpoint_resumed_by_float32_cluster_ignores_loss_scale(
+    float32_after_fp16_run):
+  train_dir, logs = float32_after_fp16_run
+  assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == str(FP16_STEPS)
+  assert not [line for line in logs['worker0'] if 'float16' in line or 'skipped' in line]
+  checkpoint = load(train_dir)
+  assert checkpoint['global_step'] == FP16_STEPS + 2
+  assert not LOSS_SCALE_VARIABLES & set(checkpoint)  # a float32 graph holds none
+  assert_float32_variables(checkpoint)
+
+
+@pytest.mark.slow
+def test_sync_fp16_from_float32_checkpoint_chief_says_skips_global_step_waits(
+    fp16_sync_after_float32_run):
+  train_dir, logs = fp16_sync_after_float32_run
+  start, end = FP16_STEPS + 2, FP16_STEPS + 12
+  assert ('model.ckpt-%d holds no loss scale (a float32 run\'s): it starts at 32768' % start
+          in '\n'.join(logs['worker0']))
+  for worker in ('worker0', 'worker1'):
+    assert int(matches(DONE_LINE, logs[worker])[0].group(3)) == end
+  # The chief's queue runner skips; the chief says each skip, the others none.
+  skips = [s.groups() for s in matches(SKIP_LINE, logs['worker0'])]
+  assert not matches(SKIP_LINE, logs['worker1'])
+  checkpoint = load(train_dir)
+  assert len(skips) == checkpoint['loss_scale/skipped_steps'] > 0
+  # The skipped updates left the global step where it was: the first ones all
+  # name the next step. One halving per skip, from 32768.
+  assert skips[0] == (str(start + 1), '32768', '16384')
+  assert [float(s[1]) for s in skips] == [32768 / 2 ** i for i in range(len(skips))]
+  assert checkpoint['loss_scale/scale'] == 32768 / 2 ** len(skips)
+  assert checkpoint['global_step'] == end
+  assert_float32_variables(checkpoint)
