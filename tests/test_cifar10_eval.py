@@ -48,9 +48,10 @@ def trained(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp('data'))
   train_dir = str(tmp_path_factory.mktemp('train'))
   md5 = cifar10_input.write_sample(data_dir, records_per_file=100)
-  multi_gpu_train.train(multi_gpu_train.Settings(train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400,
-                        log_frequency=50, summary_steps=50, save_every_n_steps=1000,
-                        data_md5=md5))
+  # Seeded: one outcome on a machine (unseeded runs measured 0.89-0.93 against the gate).
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400, log_frequency=50,
+      summary_steps=50, save_every_n_steps=1000, data_md5=md5, seed=1))
   return data_dir, train_dir, md5
 
 
@@ -113,8 +114,9 @@ def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(t
 def test_resumed_run_stopping_before_next_summary_step_still_writes_one(tmp_path):
   sample = conftest.write_sample(tmp_path / 'data', records_per_file=20)
   for max_steps in (7, 9):
-    multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8,
-                          max_steps=max_steps, summary_steps=5, data_md5=sample.md5))
+    multi_gpu_train.train(multi_gpu_train.Settings(
+        str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
+        summary_steps=5, data_md5=sample.md5))
   assert _tensorboard_steps(str(tmp_path / 'train'), '1_loss/total_loss') == [[0, 5, 7], [9]]
 
 
@@ -164,8 +166,9 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(tmp_p
                                                                            capsys):
   sample = conftest.write_sample(tmp_path / 'data', records_per_file=5)
   train_dir = tmp_path / 'train'
-  multi_gpu_train.train(multi_gpu_train.Settings(str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=2,
-                        summary_steps=0, save_every_n_steps=1, data_md5=sample.md5))
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=2, summary_steps=0,
+      save_every_n_steps=1, data_md5=sample.md5))
   found = []
 
   def latest_then_rotated(checkpoint_dir):

@@ -118,8 +118,9 @@ def test_dist_train_mnist_local_cluster_trains_to_max_steps(sample, tmp_path, sy
 
 def test_seeded_mnist_runs_repeat_exactly(sample, tmp_path):
   for name in ('a', 'b'):
-    multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path / name), sample, num_gpus=2, batch_size=50,
-                          max_steps=20, summary_steps=0, seed=3, dataset='mnist'))
+    multi_gpu_train.train(multi_gpu_train.Settings(
+        str(tmp_path / name), sample, num_gpus=2, batch_size=50, max_steps=20, summary_steps=0,
+        seed=3, dataset='mnist'))
   a, b = (tf.train.load_checkpoint(str(tmp_path / name)) for name in ('a', 'b'))
   names = a.get_variable_to_shape_map()
   assert 'layer1/weights/ExponentialMovingAverage' in names

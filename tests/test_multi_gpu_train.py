@@ -108,9 +108,9 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tm
   monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 1e12)
   with pytest.raises(multi_gpu_train.TrainingError,
                      match=r'loss is nan at step \d+.*INITIAL_LEARNING_RATE'):
-    multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path), sample.dir, num_gpus=1, batch_size=8,
-                          max_steps=50, summary_steps=0, save_every_n_steps=1,
-                          data_md5=sample.md5))
+    multi_gpu_train.train(multi_gpu_train.Settings(
+        str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=50, summary_steps=0,
+        save_every_n_steps=1, data_md5=sample.md5))
   # Checkpoints written while the loss was finite stay; none holds a NaN.
   state = tf.train.get_checkpoint_state(str(tmp_path))
   for path in state.all_model_checkpoint_paths:
@@ -199,8 +199,9 @@ def test_cli_bad_flag_exits_naming_it(tmp_path, flag, message):
 
 
 def _train_briefly(sample, train_dir, max_steps=6):
-  multi_gpu_train.train(multi_gpu_train.Settings(train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
-                        summary_steps=0, save_every_n_steps=3, data_md5=sample.md5))
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps, summary_steps=0,
+      save_every_n_steps=3, data_md5=sample.md5))
 
 
 def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, tmp_path):

@@ -33,9 +33,9 @@ def sample(tmp_path_factory):
 
 
 def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **kwargs):
-  multi_gpu_train.train(multi_gpu_train.Settings(str(train_dir), sample.dir, num_gpus=num_gpus,
-                        batch_size=batch_size, max_steps=max_steps, summary_steps=1,
-                        data_md5=sample.md5, seed=seed, **kwargs))
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      str(train_dir), sample.dir, num_gpus=num_gpus, batch_size=batch_size, max_steps=max_steps,
+      summary_steps=1, data_md5=sample.md5, seed=seed, **kwargs))
 
 
 def _losses(train_dir):

@@ -73,9 +73,9 @@ def _step(train_dir):
 
 
 def _train(sample, train_dir, max_steps, save_every_n_steps=2):
-  multi_gpu_train.train(multi_gpu_train.Settings(str(train_dir), sample.dir, num_gpus=1, batch_size=8,
-                        max_steps=max_steps, summary_steps=0,
-                        save_every_n_steps=save_every_n_steps, data_md5=sample.md5))
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
+      summary_steps=0, save_every_n_steps=save_every_n_steps, data_md5=sample.md5))
 
 
 # ---- A second trainer on one directory; SIGTERM; readers not blocked --------------
@@ -202,8 +202,9 @@ def test_copied_directory_resumes_from_its_own_files_original_untouched(sample, 
 
 def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
   _train(sample, tmp_path, max_steps=4)
-  multi_gpu_train.train(multi_gpu_train.Settings(str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=1,
-                        summary_steps=0, data_md5=sample.md5, fresh=True))
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=1, summary_steps=0,
+      data_md5=sample.md5, fresh=True))
   backup = re.search(r'to (\S+/replaced-\S+):', capsys.readouterr().out).group(1)
   _train(sample, backup, max_steps=6)
   assert 'Resuming from %s/model.ckpt-4 at step 4' % backup in capsys.readouterr().out
