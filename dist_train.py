@@ -195,7 +195,9 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     epoch = multi_gpu_train.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       graph = build(run, settings, worker, data, epoch, record)
-      multi_gpu_train.check_memory([graph.train_op, graph.loss], settings)
+      multi_gpu_train.check_memory([graph.train_op, graph.loss], settings)  # before writing
+      if record:
+        print('Run record: %s' % training_run.write_run_record(settings.train_dir, record))
       print_start(run, graph, settings, data.model, epoch)
       with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
         step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)
@@ -269,13 +271,11 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
 
 
 def chief_run_record(run, settings, data, flag_values):
-  """Writes the chief's run record, as multi_gpu_train.py's; returns it."""
+  """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster."""
   record = multi_gpu_train.run_record(
       flag_values, settings, run.devices, run.start_step, data,
       extra_constants={'dist_train.py': training_run.constants_of(sys.modules[__name__])})
   record['cluster'] = run.cluster.as_dict()
-  print('Run record: %s' % training_run.write_run_record(settings.train_dir, record),
-        flush=True)
   return record
 
 

@@ -236,6 +236,24 @@ def test_worker_no_ps_reachable_exits_138_within_startup_deadline(tasks, sample,
   assert '--startup_timeout_secs' in log
 
 
+@pytest.mark.slow
+def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(tasks,
+                                                                                tmp_path):
+  ps_port, worker_port = local_cluster.free_ports(2)
+  hosts = ['--ps_hosts=127.0.0.1:%d' % ps_port, '--worker_hosts=127.0.0.1:%d' % worker_port]
+  tasks([sys.executable, '-u', DIST_TRAIN, '--job_name=ps', '--task_index=0', *hosts])
+  worker = tasks([sys.executable, '-u', DIST_TRAIN, '--job_name=worker', '--task_index=0',
+                  *hosts, '--synthetic', '--batch_size=100000',
+                  '--train_dir=%s' % tmp_path])
+  code, log = worker.finish(timeout=90)
+  assert code == 1, log
+  errors = [line for line in log.splitlines() if line.startswith('error')]
+  assert len(errors) == 1 and errors[0].startswith(
+      'error: one step at --batch_size=100000 x 1 towers needs about '), log
+  assert 'Traceback' not in log and 'Starting from step 0' not in log
+  assert not [name for name in os.listdir(tmp_path) if name.startswith('model.ckpt')]
+
+
 MAX_STEPS = 40           # enough for worker 1 to join the async chief well before the end
 
 
