@@ -4,26 +4,15 @@ Each test starts its own servers on free loopback ports (a server cannot be
 stopped in-process, and a fresh one holds a fresh queue); a ps task waits in a
 thread while worker servers report, as their processes would at the end.
 """
-import socket
 import threading
 import time
 
 import tensorflow as tf
 
+from local_cluster import free_ports
 import ps_shutdown
 
 WAIT_SECS = 15  # a wait that should end long before this has failed
-
-
-def free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  try:
-    for s in sockets:
-      s.bind(('127.0.0.1', 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
 
 
 def start_cluster(num_ps, num_workers):
