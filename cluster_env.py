@@ -342,19 +342,12 @@ def _slurm_step(environ, num_ps):
     raise ClusterError('SLURM_PROCID is %d, not a task of the step\'s '
                        'SLURM_STEP_NUM_TASKS=%d (0..%d)' % (rank, num_tasks, num_tasks - 1))
   nodelist = environ['SLURM_STEP_NODELIST']
-  try:
-    nodes = slurm_cluster_resolver.expand_hostlist(nodelist)
-  except ValueError:
-    raise ClusterError('SLURM_STEP_NODELIST=%r is not a Slurm host list such as '
-                       'node[01-04],gpu7; run the tasks under srun, which sets it'
-                       % nodelist) from None
+  nodes = _slurm_list(environ, 'SLURM_STEP_NODELIST', slurm_cluster_resolver.expand_hostlist,
+                      'a Slurm host list such as node[01-04],gpu7')
   per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
-  try:
-    tasks_per_node = slurm_cluster_resolver.expand_tasks_per_node(per_node_text)
-  except ValueError:
-    raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r is not a Slurm task count list such '
-                       'as 2(x3),1; run the tasks under srun, which sets it'
-                       % per_node_text) from None
+  tasks_per_node = _slurm_list(environ, 'SLURM_STEP_TASKS_PER_NODE',
+                               slurm_cluster_resolver.expand_tasks_per_node,
+                               'a Slurm task count list such as 2(x3),1')
   if (len(nodes) != len(tasks_per_node) or len(set(nodes)) != len(nodes) or
       sum(tasks_per_node) != num_tasks):
     raise ClusterError('SLURM_STEP_NODELIST=%r (%d nodes) and SLURM_STEP_TASKS_PER_NODE=%r '
@@ -363,6 +356,15 @@ def _slurm_step(environ, num_ps):
                            nodelist, len(nodes), per_node_text, sum(tasks_per_node),
                            num_tasks))
   return num_tasks, rank, nodes, tasks_per_node
+
+
+def _slurm_list(environ, name, expand, what):
+  """Slurm's compressed list in environ[name], expanded by the resolver's own reader."""
+  try:
+    return expand(environ[name])
+  except ValueError:
+    raise ClusterError('%s=%r is not %s; run the tasks under srun, which sets it'
+                       % (name, environ[name], what)) from None
 
 
 def _slurm_int(environ, name):
