@@ -469,15 +469,18 @@ def inputs(eval_data, data_dir, batch_size):
 def synthetic_dataset(batch_size, seed=0):
   """Random standardised images and labels held in memory, for timing compute alone.
 
-  One batch is made once with numpy and repeated: no files, no decoding.
+  One batch is made once and repeated (input_lib.repeated_batch): no files, no
+  decoding. The same seed gives the same batch in every process.
 
   Returns:
     tf.data.Dataset of (float32 [batch_size, 24, 24, 3], int32 [batch_size]).
   """
-  rng = np.random.default_rng(seed)
-  images = rng.standard_normal((batch_size, CROP_SIZE, CROP_SIZE, DEPTH), np.float32)
-  labels = rng.integers(0, 10, batch_size, dtype=np.int32)
-  return tf.data.Dataset.from_tensors((images, labels)).repeat()
+  def make_batch():
+    images = tf.random.stateless_normal([batch_size, CROP_SIZE, CROP_SIZE, DEPTH], [seed, 0])
+    labels = tf.random.stateless_uniform([batch_size], [seed, 1], minval=0, maxval=10,
+                                         dtype=tf.int32)
+    return images, labels
+  return input_lib.repeated_batch(make_batch)
 
 
 # ---- A small learnable sample in the real layout, for trying the program offline ----

@@ -333,11 +333,15 @@ def eval_dataset(eval_data, data_dir, batch_size):
 
 
 def synthetic_dataset(batch_size, seed=0):
-  """Random pixels 0..255 and labels held in memory, for timing compute alone."""
-  rng = np.random.default_rng(seed)
-  images = rng.integers(0, 256, (batch_size, IMAGE_PIXELS)).astype(np.float32)
-  labels = rng.integers(0, NUM_CLASSES, batch_size, dtype=np.int32)
-  return tf.data.Dataset.from_tensors((images, labels)).repeat()
+  """Random pixels 0..255 and labels held in memory, for timing compute alone (one
+  batch made once and repeated: input_lib.repeated_batch)."""
+  def make_batch():
+    pixels = tf.random.stateless_uniform([batch_size, IMAGE_PIXELS], [seed, 0], minval=0,
+                                         maxval=256, dtype=tf.int32)
+    labels = tf.random.stateless_uniform([batch_size], [seed, 1], minval=0,
+                                         maxval=NUM_CLASSES, dtype=tf.int32)
+    return tf.cast(pixels, tf.float32), labels
+  return input_lib.repeated_batch(make_batch)
 
 
 # ---- A small learnable sample, for trying the program offline ---------------------
