@@ -10,7 +10,7 @@ graph is built and before the session opens:
 
 and a step that cannot fit stops the run with one line:
 
-    error: one step at --batch_size=100000 x 1 towers needs about 71.2 GB of memory
+    error: one step at --batch_size=100000 x 1 towers needs about 124.3 GB of memory
     (activations and gradients, estimated from the graph), and this machine has
     21.3 GB available. Lower --batch_size.
 
@@ -24,12 +24,13 @@ import tensorflow as tf
 import training_run
 
 # ---- The margin ----------------------------------------------------------------
-USED_SHARE_OF_COUNTED = 0.6   # a step of 256 images or more was measured to use 0.42-0.60
-                              # of what estimate_step_bytes counts (it counts every tensor as
-                              # alive at once; TensorFlow frees activations during the
-                              # backward pass): the table in tests/test_memory_check.py. The
-                              # largest share measured, so that a step is never said to need
-                              # less than it does
+USED_SHARE_OF_COUNTED = 0.6   # a large step was measured to use 0.25-0.35 (CIFAR-10) and
+                              # 0.45-0.56 (MNIST) of what estimate_step_bytes counts (it
+                              # counts every tensor as alive at once; TensorFlow frees them
+                              # as they are used): the table in tests/test_memory_check.py.
+                              # Above the largest share measured, so that a step is never
+                              # said to need less than it does; for CIFAR-10 it says about
+                              # 1.7x more
 MEMINFO = '/proc/meminfo'
 CGROUP_ROOT = '/sys/fs/cgroup'  # cgroup v2 here; v1 under memory/
 PROC_CGROUP = '/proc/self/cgroup'
@@ -60,9 +61,9 @@ def estimate_step_bytes(fetches, device_type=None):
   forward activation once the backward pass has used it, so not everything
   counted here is alive at once; and it leaves out what no graph shows: the
   session's runtime, its thread pools, and the scratch memory of kernels (a
-  convolution's workspace). For the CIFAR-10 model on a CPU it is 1.3-2.4x the
-  measured rise in peak memory of a step of 128 images or more, and 0.8x at 32
-  (tests/test_memory_check.py gives the table).
+  convolution's workspace). On a CPU it is 2.2-4x the measured rise in peak memory
+  of a CIFAR-10 step of 128 images or more (1.4x at 32), and 1.6-2.2x of an MNIST
+  step of 10,000 (tests/test_memory_check.py gives the table).
 
   Args:
     fetches: a tf.Graph, or a list of tf.Operation / tf.Tensor (the train op,

@@ -5,6 +5,7 @@
     python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
     python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
     python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
+    python benchmarks/benchmark.py --profile --towers=1   # op time by op type, oneDNN off and on
 
 On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
 halves the numbers, so the start-up line prints the load average. The model costs 105.3
@@ -45,6 +46,7 @@ import tempfile
 from timing import BenchmarkError
 import extras
 import knobs
+import op_profile
 import table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,6 +106,9 @@ def parse_args(argv):
   parser.add_argument('--knobs', action='store_true',
                       help='instead of the table: threads, XLA, prefetch and --seed at %d '
                       'towers' % knobs.KNOB_TOWERS)
+  parser.add_argument('--profile', action='store_true',
+                      help='instead of the table: one step traced, op time by op type, at '
+                      'the first of --towers')
   parser.add_argument('--quick', action='store_true', help='tiny smoke run: %s' % QUICK)
   parser.add_argument('--json', default=None,
                       help='where the numbers go; default benchmarks/results/<mode>.json')
@@ -145,7 +150,7 @@ def write_sample(data_dir, records_per_file):
 
 def main(argv):
   args = parse_args(argv)
-  modes = [m for m in ('extras', 'knobs') if getattr(args, m)] or ['table']
+  modes = [m for m in ('extras', 'knobs', 'profile') if getattr(args, m)] or ['table']
   json_path = args.json or os.path.join(RESULTS_DIR, '%s.json' % (
       'benchmark' if modes == ['table'] else '_'.join(modes)))
   load = os.getloadavg()[0]
@@ -167,6 +172,8 @@ def main(argv):
         output['extras'] = extras.run_extras(args)
       if 'knobs' in modes:
         output['knobs'] = knobs.run_knobs(args, data_dir)
+      if 'profile' in modes:
+        output['profile'] = op_profile.run_profile(args)
     except BenchmarkError as e:
       sys.exit('error: %s' % e)
   output['load_average_at_end'] = os.getloadavg()[0]

@@ -146,3 +146,37 @@ def count_xla_ops(sess, fetches):
   sess.run(fetches, options=options, run_metadata=metadata)
   return sum(1 for device in metadata.step_stats.dev_stats for node in device.node_stats
              if 'XlaRun' in node.timeline_label or 'XlaRun' in node.node_name)
+
+
+def profile(config):
+  """Where one step's time goes: op time per step by op type, over traced steps.
+
+  config: as build_trainer's, plus warmup and steps (the traced steps). Each traced
+  step is one sess.run of [train op, loss] with RunOptions.FULL_TRACE; an op's time
+  is its kernel's start to end, so ops that overlap on the cores add up to more than
+  the step. The op type is the kernel's as it ran ('_MklNativeConv2DBackpropFilter'
+  with oneDNN), read from each node's timeline label ('name = Type(inputs)').
+  """
+  tf.compat.v1.disable_eager_execution()
+  with tf.Graph().as_default():
+    trainer = build_trainer(config)
+    fetches = [trainer.graph.train_op, trainer.graph.loss]
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    micros_by_type = collections.Counter()
+    with tf.compat.v1.Session(config=trainer.session_config) as sess:
+      sess.run([tf.compat.v1.global_variables_initializer(), trainer.input_init])
+      for _ in range(config['warmup']):
+        sess.run(fetches)
+      durations = []
+      for _ in range(config['steps']):
+        metadata = tf.compat.v1.RunMetadata()
+        start = time.perf_counter()
+        sess.run(fetches, options=options, run_metadata=metadata)
+        durations.append(time.perf_counter() - start)
+        for device in metadata.step_stats.dev_stats:
+          for node in device.node_stats:
+            op_type = node.timeline_label.split(' = ', 1)[-1].split('(', 1)[0] or node.node_name
+            micros_by_type[op_type] += node.all_end_rel_micros
+  ms_per_step = {op: micros / 1000.0 / config['steps'] for op, micros in micros_by_type.items()}
+  return dict(where=trainer.where, ms_per_step=ms_per_step, durations=durations,
+              examples_per_step=config['batch_size'] * len(trainer.devices))

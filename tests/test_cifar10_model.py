@@ -35,3 +35,22 @@ def test_loss_fresh_model_is_near_4_68_with_weight_decay():
   assert abs(total - 4.68) < 0.04, total
   assert abs(decay - 2.37) < 0.03, decay
   assert abs((total - decay) - np.log(10)) < 0.02
+
+
+def test_lrn_banded_matmul_equals_tf_nn_lrn_values_and_gradients():
+  rng = np.random.default_rng(2)
+  x = np.maximum(rng.standard_normal((4, 12, 12, 64)) * 30, 0).astype(np.float32)  # relu'd
+  upstream = rng.standard_normal(x.shape).astype(np.float32)
+  with tf.Graph().as_default():
+    images = tf.constant(x)
+    ours = cifar10.model.lrn(images, name='norm1')
+    theirs = tf.nn.lrn(images, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+    grads = [tf.gradients(tf.reduce_sum(out * upstream), images)[0] for out in (ours, theirs)]
+    as_float16 = cifar10.model.lrn(tf.constant(x, tf.float16), name='norm2')
+    with tf.compat.v1.Session() as sess:
+      (ours, theirs), (our_grad, their_grad) = sess.run([(ours, theirs), grads])
+  # Large inputs (30 x N(0,1)): the normalisation divides by up to ~2, not ~1.
+  assert theirs.max() < 0.6 * x.max()
+  np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(our_grad, their_grad, rtol=1e-5, atol=1e-6)
+  assert as_float16.dtype == tf.float16

@@ -117,8 +117,9 @@ def test_fp16_tower_layers_float16_lrn_loss_decay_float32_variables_float32(mode
     step = _build(fp16=True, batch_size=2, model=model)
     ops = [op for op in graph.get_operations() if op.name.startswith('tower_1/')]
     dtypes = collections.defaultdict(set)
+    norm_scopes = ('tower_1/norm1/', 'tower_1/norm2/')
     for op in ops:
-      if op.outputs and not op.name.startswith('tower_1/gradients'):
+      if op.outputs and not op.name.startswith(('tower_1/gradients',) + norm_scopes):
         dtypes[op.type].add(op.outputs[0].dtype)
     grads = [op for op in graph.get_operations() if op.name.startswith('unscale/mul')]
     variables = tf.compat.v1.global_variables()
@@ -126,8 +127,12 @@ def test_fp16_tower_layers_float16_lrn_loss_decay_float32_variables_float32(mode
   compute = {'Conv2D', 'MatMul'} if model is cifar10 else {'MatMul'}
   for op_type in compute:
     assert dtypes[op_type] == {tf.float16}, (op_type, dtypes[op_type])
-  if model is cifar10:
-    assert dtypes['LRN'] == {tf.float32}
+  if model is cifar10:  # the normalisation runs in float32 from its input's cast on
+    norm_ops = [op for op in ops if op.name.startswith(norm_scopes) and op.outputs
+                and op.type != 'Cast']
+    assert {'MatMul', 'Rsqrt'} <= {op.type for op in norm_ops}
+    assert {op.outputs[0].dtype for op in norm_ops
+            if op.outputs[0].dtype.is_floating} == {tf.float32}
   assert dtypes['SparseSoftmaxCrossEntropyWithLogits'] == {tf.float32}
   # The weight decay reads the float32 variable, not its float16 cast.
   decay_inputs = [op.inputs[0].op for op in ops if op.type == 'L2Loss']

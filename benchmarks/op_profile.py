@@ -1,0 +1,43 @@
+"""--profile: where one step of ours goes, op type by op type, with oneDNN off and on."""
+import statistics
+
+from runner import ONEDNN_SETTINGS, OURS_ONEDNN, Runner, onednn_name, ours_config
+
+TRACED_STEPS = 3                  # traced steps per setting; op times are their mean
+SHOWN_SHARE = 0.005               # op types below this share of op time go into "the rest"
+
+
+def run_profile(args):
+  """Traces ours at the first of --towers, synthetic input, under each oneDNN setting."""
+  towers = args.towers[0]
+  runner = Runner(len(ONEDNN_SETTINGS))
+  results = {}
+  for on in ONEDNN_SETTINGS:
+    config = ours_config(args, towers, 'synthetic', kind='profile', steps=TRACED_STEPS,
+                         onednn=on)
+    results[onednn_name(on)] = runner.run('ours N=%d synthetic traced, oneDNN %s'
+                                          % (towers, onednn_name(on)), config)
+  print()
+  print('One step of ours, N=%d, %d images per tower, synthetic: op time per step (ms) and '
+        'share of all op time, mean of %d traced steps after %d warm-up; ops on the two '
+        'cores overlap, so they add up to more than the step. oneDNN by default: %s'
+        % (towers, args.batch_size, TRACED_STEPS, args.warmup, onednn_name(OURS_ONEDNN)))
+  for setting, result in results.items():
+    print_ops(setting, result)
+  return {setting: dict(ms_per_step=r['ms_per_step'], durations=r['durations'])
+          for setting, r in results.items()}
+
+
+def print_ops(setting, result):
+  ops = result['ms_per_step']
+  total = sum(ops.values())
+  step_ms = 1000 * statistics.median(result['durations'])
+  print('\noneDNN %s: traced step %.1f ms (%.0f examples/sec while traced), op time %.1f ms'
+        % (setting, step_ms, 1000 * result['examples_per_step'] / step_ms, total))
+  rest = 0.0
+  for op, ms in sorted(ops.items(), key=lambda item: -item[1]):
+    if ms < SHOWN_SHARE * total:
+      rest += ms
+      continue
+    print('  %-44s %8.2f ms  %5.1f%%' % (op, ms, 100 * ms / total))
+  print('  %-44s %8.2f ms  %5.1f%%' % ('the rest', rest, 100 * rest / total))
