@@ -17,10 +17,11 @@ Who wins, first first:
      leaves it off: benchmarks/benchmark.py's table, 1.4x at one tower); TensorFlow's
      own choice elsewhere (it turns oneDNN on itself on CPUs with those
      instructions; other architectures were not measured).
-With --seed, auto is off on x86: with oneDNN on two runs of one seed are still
-bit-identical and a resumed run equals an uninterrupted one, but the towers no
-longer agree with one tower on the joined batch within test_seed's tolerance
-(SEEDED_OFF_BECAUSE; tests/test_onednn.py). --seed --onednn=on is allowed.
+--seed takes the same choice: with oneDNN on, as with it off, two runs of one seed
+are bit-identical, a resumed run equals an uninterrupted one, and a tower split
+agrees with one tower on the joined batch over the first steps; beyond them a split
+drifts under either, as rounding differences are amplified (tests/test_seed.py,
+tests/test_onednn.py; docs/trainer.md "Runs that repeat exactly").
 
 Imports no TensorFlow.
 """
@@ -41,14 +42,6 @@ MEASURED_FASTER_WITH = 'avx2'        # ... and without them: measured faster, so
 MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off; the
                                      # issue's CPUs 1.52x, 1.33x, 1.40x (docs/performance.md)
 X86 = ('x86_64', 'amd64', 'i386', 'i686')
-# Measured with oneDNN on and --seed: two runs are bit-identical, a resumed run equals
-# an uninterrupted one, but tower splits drift from one tower on the joined batch within
-# 10 steps (AVX2 EPYC: 2 x 32 by 8.6e-4; AVX-512 EPYC: 4 x 16 by 1.7e-3; Eigen: 1e-6
-# at most; tests/test_seed.py allows 2e-5).
-SEEDED_OFF_BECAUSE = ('with oneDNN on, tower splits drift from one tower (4 x 16 against '
-                      '1 x 64: 1.7e-3 in 10 steps); --onednn=on still repeats exactly for '
-                      'the same towers')
-
 Choice = collections.namedtuple('Choice', [
     'on',    # True or False: what TensorFlow does; None: TensorFlow's own default
     'how',   # 'environment', 'flag', 'auto', or 'imported' (too late to choose)
@@ -87,7 +80,7 @@ def cpu_flags(path='/proc/cpuinfo'):
   return set()
 
 
-def decide(flag, environ, machine, flags_of_cpu, seeded=False):
+def decide(flag, environ, machine, flags_of_cpu):
   """Which oneDNN setting wins, and why. Pure: the caller reads the machine.
 
   Args:
@@ -95,7 +88,6 @@ def decide(flag, environ, machine, flags_of_cpu, seeded=False):
     environ: the environment (a dict), as the user started the program.
     machine: platform.machine(), e.g. 'x86_64', 'aarch64'.
     flags_of_cpu: set of the CPU's instruction-set flags (cpu_flags()).
-    seeded: --seed was given: auto keeps oneDNN off on x86 (SEEDED_OFF_BECAUSE).
 
   Returns:
     a Choice.
@@ -112,8 +104,6 @@ def decide(flag, environ, machine, flags_of_cpu, seeded=False):
   if tf_default is None:
     return Choice(None, 'auto', 'auto, TensorFlow\'s default on %s (not measured here)'
                   % machine)
-  if seeded:
-    return Choice(False, 'auto', 'auto with --seed: %s' % SEEDED_OFF_BECAUSE)
   if tf_default:
     return Choice(True, 'auto', 'auto, TensorFlow\'s default on CPUs with %s' % '/'.join(
         sorted(f.upper() for f in flags_of_cpu & set(TF_ON_WITH))))
@@ -154,8 +144,7 @@ def choose(argv, environ=None, tensorflow_imported=None):
   if tensorflow_imported:
     _chosen = current(environ)
     return _chosen
-  choice = decide(flag_value(argv), environ, platform.machine(), cpu_flags(),
-                  seeded=flag_value(argv, 'seed', None, None) is not None)
+  choice = decide(flag_value(argv), environ, platform.machine(), cpu_flags())
   if choice.how != 'environment':
     if choice.on is None:
       environ.pop(ENV, None)

@@ -27,7 +27,7 @@ def flops(config):
       _, height, width, out_channels = op.outputs[0].shape
       kernel_h, kernel_w, in_channels, _ = op.inputs[1].shape
       macs = height * width * out_channels * kernel_h * kernel_w * in_channels
-    elif op.type == 'MatMul':
+    elif op.type == 'MatMul' and op.inputs[1].op.type != 'Const':  # LRN's band: not a layer
       inputs, outputs = op.inputs[1].shape
       macs = inputs * outputs
     else:

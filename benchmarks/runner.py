@@ -24,8 +24,6 @@ WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed
 # --onednn (the user's TF_ENABLE_ONEDNN_OPTS included); TENSORFLOWS what TensorFlow does
 # with the variable unset, the peers' default.
 OURS_ONEDNN = onednn.decide('auto', os.environ, platform.machine(), onednn.cpu_flags()).on
-OURS_SEEDED_ONEDNN = onednn.decide('auto', os.environ, platform.machine(),
-                                   onednn.cpu_flags(), seeded=True).on  # with --seed
 TENSORFLOWS_ONEDNN = onednn.tensorflow_default(platform.machine(), onednn.cpu_flags())
 ONEDNN_SETTINGS = (False, True)   # every configuration of the table runs under both
 
@@ -138,8 +136,6 @@ def ours_config(args, towers, input_name, data_dir=None, **overrides):
                 data_dir=data_dir, steps=args.steps, warmup=args.warmup,
                 intra=args.intra_op_threads, inter=args.inter_op_threads, xla=False,
                 extra_prefetch=0, summaries=False, onednn=OURS_ONEDNN)
-  if overrides.get('seed') is not None and 'onednn' not in overrides:
-    config['onednn'] = OURS_SEEDED_ONEDNN  # the trainer's default with --seed
   config.update(overrides)
   return config
 

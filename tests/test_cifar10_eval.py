@@ -48,10 +48,14 @@ def trained(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp('data'))
   train_dir = str(tmp_path_factory.mktemp('train'))
   md5 = cifar10_input.write_sample(data_dir, records_per_file=100)
-  # Seeded: one outcome on a machine (unseeded runs measured 0.89-0.93: a 0.9 gate flaked).
-  multi_gpu_train.train(multi_gpu_train.Settings(
-      train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400, log_frequency=50,
-      summary_steps=50, save_every_n_steps=1000, data_md5=md5, seed=1))
+  # Seeded: one outcome on a machine. At the model's learning rate of 0.1, 400 steps on
+  # 500 records are spiky: seeds 1-10 gave 0.89-0.90 but for two (0.83, 0.51) whose loss
+  # spiked in the last steps. At 0.05, seeds 1-4 gave 0.89-0.90.
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
+    multi_gpu_train.train(multi_gpu_train.Settings(
+        train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400, log_frequency=50,
+        summary_steps=50, save_every_n_steps=1000, data_md5=md5, seed=1))
   return data_dir, train_dir, md5
 
 
@@ -65,7 +69,7 @@ def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, 
   code, out, err = _eval(*common)
   assert code == 0, err
   precision, step, count, which, averaged_loss = PRECISION.search(out).groups()
-  # Chance is 0.1; seed 1 measured 0.89 here (unseeded runs 0.89-0.93).
+  # Chance is 0.1; seed 1 measured 0.89 here.
   assert float(precision) >= 0.85 and step == "400" and count == "100", out
   assert which == 'moving averages'
 

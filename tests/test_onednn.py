@@ -1,4 +1,5 @@
-"""oneDNN on or off: which setting wins, what start-up prints and records, and --seed with it on.
+"""oneDNN on or off: which setting wins, what start-up prints and records, and --seed with it on
+(tests/test_seed.py compares tower splits with it on and off).
 
 The setting is read by TensorFlow once, at import, so every run with oneDNN on is a
 subprocess: this test process has TensorFlow imported with whatever it was given.
@@ -14,7 +15,7 @@ import pytest
 import conftest
 import onednn
 # The seeded runs' own readers: the event files' losses, the checkpoint's variables.
-from test_seed import LOSS_ATOL, STEPS_TO_COMPARE, _losses, _variables
+from test_seed import _losses, _variables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_SECS = 300
@@ -60,19 +61,9 @@ def test_decide_auto_without_avx2_or_not_x86_leaves_tensorflows_default():
   assert choice.on is None and 'TensorFlow\'s default on aarch64' in choice.why
 
 
-def test_decide_auto_with_seed_is_off_and_says_why():
-  choice = onednn.decide('auto', {}, 'x86_64', AVX2_ONLY, seeded=True)
-  assert choice == onednn.Choice(False, 'auto', 'auto with --seed: ' +
-                                 onednn.SEEDED_OFF_BECAUSE)
-  assert onednn.decide('on', {}, 'x86_64', AVX2_ONLY, seeded=True).on  # asked for: kept
-  assert onednn.decide('auto', {}, 'aarch64', set(), seeded=True).on is None
-
-
-def test_choose_reads_seed_from_argv():
-  environ = {}
-  choice = onednn.choose(['prog', '--seed', '7'], environ, tensorflow_imported=False)
-  if onednn.tensorflow_default(onednn.platform.machine(), onednn.cpu_flags()) is not None:
-    assert choice.why.startswith('auto with --seed') and environ[onednn.ENV] == '0'
+def test_choose_with_seed_takes_the_same_choice_as_without():
+  seeded = onednn.choose(['prog', '--seed', '7'], {}, tensorflow_imported=False)
+  assert seeded == onednn.decide('auto', {}, onednn.platform.machine(), onednn.cpu_flags())
 
 
 def test_decide_value_set_by_the_parent_program_is_not_the_users():
@@ -167,9 +158,7 @@ def test_trainer_startup_flag_env_and_default_reach_tensorflow_and_the_record(tm
 
   seeded = _run('multi_gpu_train.py', '--seed=3', '--train_dir=%s' % (tmp_path / 'seed'),
                 *tiny)
-  expected = onednn.decide('auto', {}, onednn.platform.machine(), onednn.cpu_flags(),
-                           seeded=True)
-  assert onednn.start_line(expected) + '\n' in seeded.stdout
+  assert onednn.start_line(expected) + '\n' in seeded.stdout  # --seed chooses alike
   assert (TF_ONEDNN_LINE in seeded.stderr) == bool(expected.on)
 
 
@@ -203,27 +192,3 @@ def test_seeded_run_with_onednn_on_resumed_equals_uninterrupted(sample, tmp_path
   _seeded(sample, tmp_path / 'cut', '--max_steps=3', *common)
   assert 'Resuming from' in _seeded(sample, tmp_path / 'cut', '--max_steps=8', *common).stdout
   _assert_identical(_variables(tmp_path / 'whole'), _variables(tmp_path / 'cut'))
-
-
-@pytest.mark.slow
-def test_seeded_with_onednn_on_a_tower_split_drifts_from_one_tower_beyond_tolerance(
-    sample, tmp_path):
-  """Why --seed keeps oneDNN off by default: test_seed's tower splits fail with it on.
-
-  Which split drifts depends on the CPU's oneDNN kernels. Measured over 10 steps,
-  against 1 tower x 64: on an AVX2 EPYC 2 x 32 drifted by 8.6e-4; on an AVX-512
-  EPYC 2 x 32 held (4.8e-7) but 4 x 16 drifted by 1.7e-3. Eigen: at most 1e-6 on
-  both. If this starts failing, oneDNN agrees again: onednn.SEEDED_OFF_BECAUSE can go.
-  """
-  steps = '--max_steps=%d' % STEPS_TO_COMPARE
-  _seeded(sample, tmp_path / 'one', '--num_gpus=1', '--batch_size=64', steps)
-  one = _losses(tmp_path / 'one')
-  drifts = {}
-  for towers, batch_size in ((2, 32), (4, 16)):
-    split = tmp_path / ('%dx%d' % (towers, batch_size))
-    _seeded(sample, split, '--num_gpus=%d' % towers, '--batch_size=%d' % batch_size, steps)
-    losses = _losses(split)
-    assert sorted(losses) == sorted(one) == list(range(STEPS_TO_COMPARE + 1))
-    assert abs(losses[0] - one[0]) <= LOSS_ATOL  # the same model and data: rounding differs
-    drifts[split.name] = max(abs(losses[s] - one[s]) for s in one)
-  assert max(drifts.values()) > LOSS_ATOL, drifts

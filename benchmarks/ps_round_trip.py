@@ -1,0 +1,91 @@
+"""What one async dist_train.py step spends talking to the ps, without the model's compute.
+
+    python benchmarks/ps_round_trip.py             # one ps task and this worker on 127.0.0.1
+
+Starts one ps task (a tf.distribute.Server in a subprocess) and, in this process,
+a worker of the same cluster that places the CIFAR-10 model's variables on the ps
+with replica_device_setter, as dist_train.py does. Then times, median of ROUNDS:
+  read      every trainable variable fetched to the worker (the reads a step makes)
+  send      a worker-made gradient of every variable applied on the ps with SGD
+  both      the two in one sess.run, as a step does
+  local     the same read and send with the variables on this worker, no ps
+The difference both - local is what the ps costs each step; benchmark.py's table
+gives the step it is part of.
+"""
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import tensorflow as tf  # noqa: E402  after the path
+
+import cifar10  # noqa: E402
+import local_cluster  # noqa: E402
+
+ROUNDS = 30                       # timed sess.runs per kind, after WARMUP
+WARMUP = 5
+PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
+           '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
+
+
+def build(device_setter):
+  """The model's variables, a read of each to the worker, an SGD send of a gradient each."""
+  with tf.device(device_setter):
+    cifar10.inference(tf.zeros([1, 24, 24, 3]))
+    variables = tf.compat.v1.trainable_variables()
+  with tf.device('/job:worker/task:0' if device_setter else None):
+    reads = [tf.identity(v) * 1.0 for v in variables]
+    grads = [tf.ones(v.shape) * 1e-9 for v in variables]
+  send = tf.compat.v1.train.GradientDescentOptimizer(1.0).apply_gradients(
+      zip(grads, variables))
+  reads = tf.group(*reads)
+  return variables, dict(read=reads, send=send, both=tf.group(reads, send))
+
+
+def time_kinds(sess, ops):
+  times = {kind: [] for kind in ops}
+  for i in range(WARMUP + ROUNDS):
+    for kind, op in ops.items():
+      start = time.perf_counter()
+      sess.run(op)
+      if i >= WARMUP:
+        times[kind].append(time.perf_counter() - start)
+  return {kind: 1000 * statistics.median(t) for kind, t in times.items()}
+
+
+def main():
+  tf.compat.v1.disable_eager_execution()
+  ps_port, worker_port = local_cluster.free_ports(2)
+  ps, worker = '127.0.0.1:%d' % ps_port, '127.0.0.1:%d' % worker_port
+  ps_task = subprocess.Popen([sys.executable, '-c', PS_CODE, ps, worker])
+  try:
+    cluster = tf.train.ClusterSpec({'ps': [ps], 'worker': [worker]})
+    server = tf.distribute.Server(cluster, 'worker', 0)
+    with tf.Graph().as_default():
+      variables, ops = build(tf.compat.v1.train.replica_device_setter(cluster=cluster))
+      with tf.compat.v1.Session(server.target) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        remote = time_kinds(sess, ops)
+    with tf.Graph().as_default():
+      _, ops = build(None)
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        local = time_kinds(sess, ops)
+  finally:
+    ps_task.kill()
+  megabytes = sum(v.shape.num_elements() * 4 for v in variables) / 1e6
+  print('%d variables, %.1f MB; ms per sess.run, median of %d' % (len(variables), megabytes,
+                                                                  ROUNDS))
+  print('%-6s %10s %10s' % ('', 'via ps', 'local'))
+  for kind in ('read', 'send', 'both'):
+    print('%-6s %10.2f %10.2f' % (kind, remote[kind], local[kind]))
+  print('the ps costs %.1f ms per step (both, via ps - local)' % (remote['both'] - local['both']))
+
+
+if __name__ == '__main__':
+  main()
