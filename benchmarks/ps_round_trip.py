@@ -35,10 +35,10 @@ PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterS
 
 def build(device_setter):
   """The model's variables, a read of each to the worker, an SGD send of a gradient each."""
-  with tf.device(device_setter):
+  with tf.compat.v1.device(device_setter):
     cifar10.inference(tf.zeros([1, 24, 24, 3]))
     variables = tf.compat.v1.trainable_variables()
-  with tf.device('/job:worker/task:0' if device_setter else None):
+  with tf.compat.v1.device('/job:worker/task:0' if device_setter else None):
     reads = [tf.identity(v) * 1.0 for v in variables]
     grads = [tf.ones(v.shape) * 1e-9 for v in variables]
   send = tf.compat.v1.train.GradientDescentOptimizer(1.0).apply_gradients(
