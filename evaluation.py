@@ -156,6 +156,9 @@ def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-n
     writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command, last_step)
   except (EvalError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
+  except KeyboardInterrupt:  # it only reads the checkpoints: nothing to save
+    print('Stopped by Ctrl-C.', file=sys.stderr, flush=True)
+    sys.exit(130)
   finally:
     if writer:
       writer.close()

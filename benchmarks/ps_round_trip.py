@@ -1,10 +1,11 @@
 """What one async dist_train.py step spends talking to the ps, without the model's compute.
 
     python benchmarks/ps_round_trip.py             # one ps task and this worker on 127.0.0.1
+    python benchmarks/ps_round_trip.py --rounds 3  # a quick look
 
 Starts one ps task (a tf.distribute.Server in a subprocess) and, in this process,
 a worker of the same cluster that places the CIFAR-10 model's variables on the ps
-with replica_device_setter, as dist_train.py does. Then times, median of ROUNDS:
+with replica_device_setter, as dist_train.py does. Then times, median of --rounds (ROUNDS):
   read      every trainable variable fetched to the worker (the reads a step makes)
   send      a worker-made gradient of every variable applied on the ps with SGD
   both      the two in one sess.run, as a step does
@@ -12,6 +13,7 @@ with replica_device_setter, as dist_train.py does. Then times, median of ROUNDS:
 The difference both - local is what the ps costs each step; benchmark.py's table
 gives the step it is part of.
 """
+import argparse
 import os
 import statistics
 import subprocess
@@ -47,9 +49,9 @@ def build(device_setter):
   return variables, dict(read=reads, send=send, both=tf.group(reads, send))
 
 
-def time_kinds(sess, ops):
+def time_kinds(sess, ops, rounds):
   times = {kind: [] for kind in ops}
-  for i in range(WARMUP + ROUNDS):
+  for i in range(WARMUP + rounds):
     for kind, op in ops.items():
       start = time.perf_counter()
       sess.run(op)
@@ -58,7 +60,12 @@ def time_kinds(sess, ops):
   return {kind: 1000 * statistics.median(t) for kind, t in times.items()}
 
 
-def main():
+def main(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=ROUNDS, help='timed runs per kind')
+  rounds = parser.parse_args(argv).rounds
+  if rounds < 1:
+    parser.error('--rounds must be at least 1, got %d' % rounds)
   tf.compat.v1.disable_eager_execution()
   ps_port, worker_port = local_cluster.free_ports(2)
   ps, worker = '127.0.0.1:%d' % ps_port, '127.0.0.1:%d' % worker_port
@@ -70,17 +77,17 @@ def main():
       variables, ops = build(tf.compat.v1.train.replica_device_setter(cluster=cluster))
       with tf.compat.v1.Session(server.target) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        remote = time_kinds(sess, ops)
+        remote = time_kinds(sess, ops, rounds)
     with tf.Graph().as_default():
       _, ops = build(None)
       with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        local = time_kinds(sess, ops)
+        local = time_kinds(sess, ops, rounds)
   finally:
     ps_task.kill()
   megabytes = sum(v.shape.num_elements() * 4 for v in variables) / 1e6
   print('%d variables, %.1f MB; ms per sess.run, median of %d' % (len(variables), megabytes,
-                                                                  ROUNDS))
+                                                                  rounds))
   print('%-6s %10s %10s' % ('', 'via ps', 'local'))
   for kind in ('read', 'send', 'both'):
     print('%-6s %10.2f %10.2f' % (kind, remote[kind], local[kind]))
@@ -88,4 +95,4 @@ def main():
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

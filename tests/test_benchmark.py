@@ -1,6 +1,7 @@
 """benchmarks/: a --quick run end to end in a subprocess, and the parent's parts by hand."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -157,3 +158,37 @@ def test_targets_check_short_target_says_by_how_much(capsys):
   assert [r['verdict'] for r in results] == [
       'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'met', 'met', 'met']
   assert 'N=1 1.50, N=2 1.70' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_benchmark_profile_lists_op_types_of_a_traced_step_both_settings(tmp_path):
+  json_path = tmp_path / 'profile.json'
+  proc = subprocess.run([sys.executable, BENCHMARK, '--profile', '--towers=1', '--batch_size=8',
+                         '--warmup=1', '--json', str(json_path)], capture_output=True,
+                        text=True, timeout=TIMEOUT_SECS, cwd=str(tmp_path))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  profile = json.loads(json_path.read_text())['profile']
+  assert sorted(profile) == ['off', 'on']
+  for setting, result in profile.items():
+    assert len(result['durations']) == 3 and all(d > 0 for d in result['durations'])
+    ops = result['ms_per_step']
+    # Every step runs the convolutions' gradients, and the LRN's band as a matmul.
+    assert any('Conv2DBackpropFilter' in op for op in ops), sorted(ops)
+    assert any('MatMul' in op for op in ops) and all(ms >= 0 for ms in ops.values())
+    assert 'oneDNN %s: traced step ' % setting in proc.stdout
+  assert '_MklNative' in ' '.join(profile['on']['ms_per_step'])  # oneDNN's own kernels ran
+  assert '_MklNative' not in ' '.join(profile['off']['ms_per_step'])
+
+
+@pytest.mark.slow
+def test_ps_round_trip_times_reads_and_sends_through_a_ps_task():
+  proc = subprocess.run([sys.executable, os.path.join(BENCHMARKS, 'ps_round_trip.py'),
+                         '--rounds=3'], capture_output=True, text=True, timeout=TIMEOUT_SECS)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert '10 variables, 4.3 MB; ms per sess.run, median of 3' in proc.stdout
+  rows = dict(re.findall(r'^(read|send|both) +([\d.]+ +[\d.]+)$', proc.stdout, re.M))
+  assert sorted(rows) == ['both', 'read', 'send']
+  for kind, pair in rows.items():
+    via_ps, local = map(float, pair.split())
+    assert via_ps > local > 0, kind  # 4.3 MB through gRPC costs more than in memory
+  assert re.search(r'^the ps costs [\d.]+ ms per step', proc.stdout, re.M)

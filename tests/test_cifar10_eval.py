@@ -2,6 +2,7 @@
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
 import types
@@ -140,14 +141,15 @@ def test_eval_run_once_without_checkpoint_exits_with_message(tmp_path):
   assert code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in err, err
 
 
-def test_eval_without_run_once_waits_for_a_checkpoint_saying_so(tmp_path):
+def test_eval_without_run_once_waits_for_a_checkpoint_saying_so_ctrl_c_stops_it(tmp_path):
   md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=5)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
                            '--data_dir=%s' % tmp_path, '--data_md5=' + md5,
                            '--checkpoint_dir=%s' % tmp_path,
                            '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'],
-                          stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=ROOT)
   try:
     line = proc.stdout.readline()
     assert line.startswith('oneDNN '), line  # which kernels, and why
@@ -156,10 +158,14 @@ def test_eval_without_run_once_waits_for_a_checkpoint_saying_so(tmp_path):
     line = proc.stdout.readline()
     assert line.startswith('No checkpoint in %s yet; checking every 1 s.' % tmp_path), line
     assert proc.poll() is None  # still waiting
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
   finally:
     proc.kill()
     proc.wait(timeout=30)
     proc.stdout.close()
+  assert proc.returncode == 130, err
+  assert 'Traceback' not in err and err.splitlines()[-1] == 'Stopped by Ctrl-C.', err
 
 
 def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path):

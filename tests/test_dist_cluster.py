@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -244,3 +245,17 @@ def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tmp_
     assert 'Traceback' not in err
     assert 'serving' not in out and 'cluster from TF_CONFIG' not in out
   assert os.listdir(tmp_path) == []
+
+
+def test_tf_config_evaluator_waiting_for_a_checkpoint_ctrl_c_stops_it_in_one_line(
+    tasks, sample, tmp_path):
+  cluster = dict(zip(['ps', 'chief', 'evaluator'], [[h] for h in loopback_hosts(3)]))
+  evaluator = tasks([sys.executable, '-u', DIST_TRAIN] + FLAGS + sample.flags +
+                    ['--train_dir=%s' % tmp_path],
+                    env=environment(TF_CONFIG=tf_config(cluster, 'evaluator', 0)))
+  evaluator.wait_for(lambda line: line.startswith('No checkpoint in %s yet' % tmp_path),
+                     'the evaluator waiting')
+  evaluator.send(signal.SIGINT)
+  code, log = evaluator.finish(timeout=60)
+  assert code == 130, log
+  assert 'Traceback' not in log and log.splitlines()[-1] == 'Stopped by Ctrl-C.', log
