@@ -187,6 +187,24 @@ def text_summary(tag, record):
   return summary
 
 
+def new_event_file(logdir):
+  """A path in logdir for a new event file, one no file has yet.
+
+  TensorFlow's name, 'events.out.tfevents.<seconds>.<host>', and then the
+  microseconds: a run resumed within the second its last run started (a short run
+  does) gets a name of its own instead of writing over that run's events, and the
+  names sort in the order the files were made, which is the order TensorBoard
+  reads them in.
+  """
+  now = time.time()
+  while True:
+    path = os.path.join(logdir, 'events.out.tfevents.%010d.%s.%06d' % (
+        now, socket.gethostname(), round(now % 1 * 1e6) % 1000000))
+    if not os.path.exists(path):
+      return path
+    now += 1e-6
+
+
 class SummaryWriter:
   """An event file for TensorBoard whose failed write is said once, plainly.
 
@@ -203,8 +221,7 @@ class SummaryWriter:
   """
 
   def __init__(self, logdir, graph=None):
-    self.path = os.path.join(logdir, 'events.out.tfevents.%010d.%s'
-                             % (time.time(), socket.gethostname()))
+    self.path = new_event_file(logdir)
     self.failed = False
     self._writer = None
     self._write(tf.compat.v1.Event(wall_time=time.time(), file_version='brain.Event:2'),

@@ -9,9 +9,12 @@ with replica_device_setter, as dist_train.py does. Then times, median of --round
   read      every trainable variable fetched to the worker (the reads a step makes)
   send      a worker-made gradient of every variable applied on the ps with SGD
   both      the two in one sess.run, as a step does
-  local     the same read and send with the variables on this worker, no ps
-The difference both - local is what the ps costs each step; benchmark.py's table
-gives the step it is part of.
+  step      a plain SGD step of the model on a fixed batch of STEP_BATCH images:
+            compute on the worker, variables on the ps (no global step, no
+            moving averages, no hooks: what dist_train.py's worker adds to it)
+  local     the same with the variables on this worker, no ps
+both - local is what moving the variables costs each step, step - local what the
+plainest distributed step costs; benchmark.py's dist rows give dist_train.py's.
 """
 import argparse
 import os
@@ -24,29 +27,36 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  after the path
 
 import cifar10  # noqa: E402
 import local_cluster  # noqa: E402
 
 ROUNDS = 30                       # timed sess.runs per kind, after WARMUP
+STEP_BATCH = 128                  # images of the step kind: one tower at the trainer's default
 WARMUP = 5
 PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
            '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
 
 
 def build(device_setter):
-  """The model's variables, a read of each to the worker, an SGD send of a gradient each."""
-  with tf.compat.v1.device(device_setter):
-    cifar10.inference(tf.zeros([1, 24, 24, 3]))
+  """The model's variables, a read of each to the worker, an SGD send of a gradient each,
+  and a plain SGD step of the model: the kinds to time."""
+  rng = np.random.default_rng(0)
+  with tf.compat.v1.device(device_setter):  # variables on the ps, the rest on the worker
+    images = tf.constant(rng.standard_normal((STEP_BATCH, 24, 24, 3), np.float32))
+    labels = tf.constant(rng.integers(0, 10, STEP_BATCH, np.int32))
+    total_loss = cifar10.loss(cifar10.inference(images), labels)
     variables = tf.compat.v1.trainable_variables()
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(1e-3)
+    step = optimizer.minimize(total_loss)
   with tf.compat.v1.device('/job:worker/task:0' if device_setter else None):
     reads = [tf.identity(v) * 1.0 for v in variables]
     grads = [tf.ones(v.shape) * 1e-9 for v in variables]
-  send = tf.compat.v1.train.GradientDescentOptimizer(1.0).apply_gradients(
-      zip(grads, variables))
+  send = optimizer.apply_gradients(zip(grads, variables))
   reads = tf.group(*reads)
-  return variables, dict(read=reads, send=send, both=tf.group(reads, send))
+  return variables, dict(read=reads, send=send, both=tf.group(reads, send), step=step)
 
 
 def time_kinds(sess, ops, rounds):
@@ -89,9 +99,11 @@ def main(argv):
   print('%d variables, %.1f MB; ms per sess.run, median of %d' % (len(variables), megabytes,
                                                                   rounds))
   print('%-6s %10s %10s' % ('', 'via ps', 'local'))
-  for kind in ('read', 'send', 'both'):
+  for kind in ('read', 'send', 'both', 'step'):
     print('%-6s %10.2f %10.2f' % (kind, remote[kind], local[kind]))
-  print('the ps costs %.1f ms per step (both, via ps - local)' % (remote['both'] - local['both']))
+  print('the ps costs %.1f ms per step (both, via ps - local); a plain SGD step of %d images '
+        '%.1f ms more (step, via ps - local)' % (remote['both'] - local['both'], STEP_BATCH,
+                                                remote['step'] - local['step']))
 
 
 if __name__ == '__main__':

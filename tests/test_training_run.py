@@ -536,3 +536,18 @@ def test_summary_writer_events_read_by_tensorboard(tmp_path):
   assert [(e.step, round(e.value, 6)) for e in events.Scalars('total_loss')] == [
       (0, 0.0), (5, 0.5), (7, 0.7)]
   assert 'one' in [node.name for node in events.Graph().node]
+
+
+def test_summary_writers_made_in_the_same_second_keep_both_runs_events(tmp_path, monkeypatch):
+  monkeypatch.setattr(training_run.time, 'time', lambda: 1795575295.25)  # the same instant
+  for step in (7, 9):  # a run, then its resumed run, as TensorBoard's reader sees them
+    writer = training_run.SummaryWriter(str(tmp_path))
+    writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+        tag='total_loss', simple_value=step / 10)]), step)
+    writer.close()
+  names = sorted(os.listdir(tmp_path))
+  assert len(names) == 2 and names[0].endswith('.250000') and names[1].endswith('.250001')
+  from tensorboard.backend.event_processing import event_accumulator
+  events = event_accumulator.EventAccumulator(str(tmp_path))
+  events.Reload()
+  assert [e.step for e in events.Scalars('total_loss')] == [7, 9]
