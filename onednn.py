@@ -42,6 +42,7 @@ MEASURED_FASTER_WITH = 'avx2'        # ... and without them: measured faster, so
 MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off; the
                                      # issue's CPUs 1.52x, 1.33x, 1.40x (docs/performance.md)
 X86 = ('x86_64', 'amd64', 'i386', 'i686')
+
 Choice = collections.namedtuple('Choice', [
     'on',    # True or False: what TensorFlow does; None: TensorFlow's own default
     'how',   # 'environment', 'flag', 'auto', or 'imported' (too late to choose)

@@ -20,8 +20,8 @@ def knobs_to_run():
   --seed       real input through the trainer's seeded pipeline (records picked
                by index_shuffle from (seed, step), one global batch a step),
                against the unseeded one
-  oneDNN       every row runs at the trainer's default (onednn.py; on, on this
-               machine's AMD EPYC with AVX2); this one at the other setting
+  oneDNN       every row runs at the trainer's default (onednn.py; on x86 CPUs with
+               AVX2, on); this one at the other setting
   """
   xla_flags = (os.environ.get('TF_XLA_FLAGS', '') + ' --tf_xla_cpu_global_jit').strip()
   return [('threads 0/0 (one per core)', dict(intra=0, inter=0), None),
