@@ -52,21 +52,21 @@ Choice = collections.namedtuple('Choice', [
 _chosen = None  # the Choice of this process, once choose() has run
 
 
-def flag_value(argv, name='onednn', default='auto', choices=CHOICES):
-  """A flag's value on a command line ('--onednn=on', '--onednn on'); default if absent.
+def flag_value(argv):
+  """--onednn's value on a command line ('--onednn=on', '--onednn on'); 'auto' if absent.
 
   A value absl will refuse (--onednn=maybe) counts as absent here: absl stops the
-  run, naming it, before anything is written. choices None: any value.
+  run, naming it, before anything is written.
   """
-  value = default
+  value = 'auto'
   for i, arg in enumerate(argv[1:], 1):
     if arg == '--':
       break
-    if arg.startswith('--%s=' % name):
+    if arg.startswith('--onednn='):
       value = arg.split('=', 1)[1]
-    elif arg == '--' + name and i + 1 < len(argv):
+    elif arg == '--onednn' and i + 1 < len(argv):
       value = argv[i + 1]
-  return value if choices is None or value in choices else default
+  return value if value in CHOICES else 'auto'
 
 
 def cpu_flags(path='/proc/cpuinfo'):

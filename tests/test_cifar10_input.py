@@ -330,3 +330,17 @@ def test_leftovers_of_killed_extraction_removed_only_for_dead_processes(tmp_path
       killed, dead.pid) in out
   assert not killed.exists() and not part.exists()
   assert running.exists() and users.exists()
+
+
+def test_synthetic_dataset_same_batch_every_step_and_no_constant_in_the_graph():
+  with tf.Graph().as_default() as graph:
+    cifar10_input.synthetic_dataset(100000)  # 691 MB of images, were they a constant
+    assert graph.as_graph_def().ByteSize() < 100000
+  with tf.Graph().as_default():
+    batch = tf.compat.v1.data.make_one_shot_iterator(
+        cifar10_input.synthetic_dataset(4)).get_next()
+    with tf.compat.v1.Session() as sess:
+      (first, labels), (second, _) = sess.run(batch), sess.run(batch)
+  assert first.shape == (4, 24, 24, 3) and labels.shape == (4,)
+  np.testing.assert_array_equal(first, second)
+  assert first.std() > 0.5 and set(labels) <= set(range(10))
