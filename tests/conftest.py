@@ -1,48 +1,56 @@
-"""Shared test setup: the repo root on sys.path, quiet TensorFlow, the `slow` marker,
-and small sample data sets written by the product's own sample writer."""
-import collections
-import contextlib
+"""Fixtures several test files use; the helpers they call are in tests/helpers.py.
+
+The data sets are written once per test process by the product's own sample
+writers; a test that changes one makes its own. Every process a test starts
+through `tasks` is killed when the test ends, pass or fail.
+"""
 import os
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import helpers  # noqa: E402  (after the paths it needs)
+
+CIFAR10_SAMPLE_RECORDS = 40      # per file: 200 training records, 40 test records
+MNIST_SAMPLE_RECORDS = (2000, 500)  # train, test
 
 
-def pytest_configure(config):
-  config.addinivalue_line('markers', 'slow: takes more than ~20 s; CI runs it too')
+@pytest.fixture(scope='session', autouse=True)
+def whole_logs(tmp_path_factory):
+  """Failed subprocess checks write whole logs under this session's temporary directory."""
+  helpers.LOG_DIR = str(tmp_path_factory.getbasetemp() / 'logs')
 
 
-class Sample(collections.namedtuple('Sample', ['dir', 'md5'])):
-  """A data set from cifar10_input.write_sample: its directory and its archive's md5."""
-
-  @property
-  def flags(self):
-    return ['--data_dir=%s' % self.dir, '--data_md5=%s' % self.md5]
+@pytest.fixture(scope='session')
+def sample(tmp_path_factory):
+  """A CIFAR-10 sample (helpers.Sample) that tests read and never change."""
+  return helpers.write_sample(tmp_path_factory.mktemp('cifar10'), CIFAR10_SAMPLE_RECORDS)
 
 
-def write_sample(path, records_per_file):
-  import cifar10_input  # imports TensorFlow: only once a test asks for data
-  return Sample(str(path), cifar10_input.write_sample(str(path), records_per_file))
+@pytest.fixture(scope='session')
+def mnist_sample(tmp_path_factory):
+  """The directory of an MNIST sample (train.tfrecords, test.tfrecords), read only."""
+  import mnist_input
+  path = str(tmp_path_factory.mktemp('mnist'))
+  mnist_input.write_sample(path, *MNIST_SAMPLE_RECORDS)
+  return path
 
 
-@contextlib.contextmanager
-def umask(mask):
-  """Runs the block under this umask, then restores the one before."""
-  before = os.umask(mask)
-  try:
-    yield
-  finally:
-    os.umask(before)
+@pytest.fixture
+def tasks():
+  """start(argv, env=None) -> helpers.Task; every task of the test is killed at its end."""
+  yield from helpers.started_tasks()
 
 
-def modes(root):
-  """{path relative to root: permission bits} of every file and directory under root."""
-  found = {}
-  for directory, dirs, files in os.walk(root):
-    for name in dirs + files:
-      path = os.path.join(directory, name)
-      found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
-  return found
+@pytest.fixture(scope='module')
+def module_tasks():
+  """start(argv, env=None) -> helpers.Task, for processes a module's tests share."""
+  yield from helpers.started_tasks()
+
+
+# Until every test file imports them from helpers.
+from helpers import Sample, modes, umask, write_sample  # noqa: E402,F401

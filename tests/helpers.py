@@ -1,0 +1,381 @@
+"""What several test files share: running the programs, and reading what they print and write.
+
+One runner for programs that run to the end (`run`), one for programs watched line by
+line while they run (`Task`), one set of log-line patterns, one checkpoint reader,
+one event-file reader. A failed check on a subprocess names a file holding its whole
+log (`Run.log()`, `Task.log()`), not just the tail that fits in the message.
+
+Programs run with the environment a user's shell gives them: nothing here quiets
+TensorFlow or hides a GPU unless a test asks for it.
+"""
+import collections
+import contextlib
+import glob
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Bounds on waits that end long before them on a healthy run, loaded or not: a run
+# that reaches one has hung. pytest-timeout (pytest.ini) bounds each test as a whole.
+RUN_TIMEOUT_SECS = 300   # one program, start to end
+WAIT_SECS = 180          # one awaited line of a running program
+LOG_DIR = None           # where whole logs go; conftest.py sets it for the session
+TAIL_LINES = 40
+
+# ---- The lines the programs print ---------------------------------------------------
+_STAMP = r'\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}'
+_LOSS = (_STAMP + r': step (\d+), loss = \d+\.\d\d \(\d+\.\d examples/sec; '
+         r'\d+\.\d{3} sec/batch\)')
+LOSS_LINE = re.compile('^' + _LOSS + '$')                          # multi_gpu_train.py
+WORKER_LOSS_LINE = re.compile('^' + _LOSS + r' \[worker (\d+), local step (\d+)\]$')
+DONE_LINE = re.compile(r'^worker (\d+) done: (\d+) local steps, global step (\d+)$')
+SAVED_LINE = re.compile(r'^Saved checkpoint .*model\.ckpt-(\d+)$')
+RESUMING_LINE = re.compile(r'^Resuming from .*model\.ckpt-(\d+) at step (\d+)$')
+STOPPED_LINE = re.compile(r'^Stopped by (Ctrl-C|SIGTERM) at step (\d+); rerun the same '
+                          r'command to resume\.$')
+SKIP_LINE = re.compile(r'^\S+ \S+: step (\d+) skipped: gradients overflowed at loss scale '
+                       r'(\S+); scale now (\S+)$')
+PRECISION_LINE = re.compile(
+    '^' + _STAMP + r': precision @ 1 = (\d\.\d{3}) \(global step (\d+), (\d+) test records, '
+    r'(moving averages|raw weights), cross-entropy (\S+)\)$')
+TASK_PREFIX = re.compile(r'^\[(ps\d+|worker\d+)\] (.*)$')         # --local_cluster's relay
+TRAINING_FROM = re.compile(r'^worker (\d+): training from global step (\d+)')
+
+
+def matches(pattern, lines):
+  """The match objects of pattern over lines, in order."""
+  return [m for m in map(pattern.match, lines) if m]
+
+
+def steps(pattern, lines):
+  """The step numbers (group 1) of the lines that match pattern."""
+  return [int(m.group(1)) for m in matches(pattern, lines)]
+
+
+def by_task(lines):
+  """{'ps0': [its lines], 'worker0': [...]} from a --local_cluster launcher's output."""
+  found = collections.defaultdict(list)
+  for m in matches(TASK_PREFIX, lines):
+    found[m.group(1)].append(m.group(2))
+  return dict(found)
+
+
+# ---- Whole logs, kept for a failure's message -----------------------------------------
+_log_numbers = itertools.count()
+
+
+def write_log(argv, code, text):
+  """Writes a process's whole log to a file; returns a message naming it, with its tail."""
+  directory = LOG_DIR or os.path.join(ROOT, 'tests', 'logs')
+  os.makedirs(directory, exist_ok=True)
+  name = os.path.basename(next((a for a in argv if a.endswith('.py')), argv[0]))
+  path = os.path.join(directory, '%03d-%s.log' % (next(_log_numbers), name))
+  with open(path, 'w') as f:
+    f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
+  tail = '\n'.join(text.splitlines()[-TAIL_LINES:])
+  return '%s exited with %s; whole log: %s; it ends:\n%s' % (name, code, path, tail)
+
+
+# ---- Programs that run to the end -------------------------------------------------------
+
+def user_env(**changes):
+  """This process's environment as a user's shell has it, with changes (None removes)."""
+  env = dict(os.environ)
+  for name, value in changes.items():
+    if value is None:
+      env.pop(name, None)
+    else:
+      env[name] = value
+  return env
+
+
+class Run(collections.namedtuple('Run', ['argv', 'code', 'out', 'err'])):
+  """A program that ran to the end: its argv, exit code, stdout and stderr."""
+
+  def log(self):
+    """Writes the whole output to a file; returns a failure message naming it."""
+    return write_log(self.argv, self.code, 'stdout:\n%s\nstderr:\n%s' % (self.out, self.err))
+
+  @property
+  def errors(self):
+    """The `error: ...` lines of stderr."""
+    return [line for line in self.err.splitlines() if line.startswith('error')]
+
+
+def run(argv, timeout=RUN_TIMEOUT_SECS, env=None, cwd=ROOT, **kwargs):
+  """Runs argv to the end; a script name first runs it with this Python. Returns a Run."""
+  if argv[0].endswith('.py'):
+    argv = [sys.executable, os.path.join(ROOT, argv[0])] + list(argv[1:])
+  try:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env=user_env() if env is None else env, cwd=cwd, **kwargs)
+  except subprocess.TimeoutExpired as e:
+    text = 'stdout:\n%s\nstderr:\n%s' % (_text(e.stdout), _text(e.stderr))
+    raise AssertionError('still running after %d s: %s' % (
+        timeout, write_log(argv, 'a kill', text))) from None
+  return Run(argv, done.returncode, done.stdout, done.stderr)
+
+
+def _text(data):
+  return data.decode(errors='replace') if isinstance(data, bytes) else (data or '')
+
+
+# ---- Programs watched while they run -----------------------------------------------------
+
+class Task:
+  """One running process in a session of its own; its lines read as they come.
+
+  `lines` holds stdout and stderr merged in the order they arrived; `out` and `err`
+  each stream alone. Signals go to the process (`send`), `kill` takes its whole
+  process group (a launcher's tasks too).
+  """
+
+  def __init__(self, argv, env=None, cwd=ROOT):
+    if argv[0].endswith('.py'):
+      argv = [sys.executable, '-u', os.path.join(ROOT, argv[0])] + list(argv[1:])
+    self.argv = argv
+    self.process = subprocess.Popen(argv, cwd=cwd, env=user_env() if env is None else env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, bufsize=1, start_new_session=True)
+    self.lines, self.out_lines, self.err_lines = [], [], []
+    self._changed = threading.Condition()
+    self._readers = [threading.Thread(target=self._read, args=(pipe, own), daemon=True)
+                     for pipe, own in ((self.process.stdout, self.out_lines),
+                                       (self.process.stderr, self.err_lines))]
+    for reader in self._readers:
+      reader.start()
+
+  @property
+  def pid(self):
+    return self.process.pid
+
+  @property
+  def out(self):
+    with self._changed:
+      return ''.join(line + '\n' for line in self.out_lines)
+
+  @property
+  def err(self):
+    with self._changed:
+      return ''.join(line + '\n' for line in self.err_lines)
+
+  @property
+  def text(self):
+    with self._changed:
+      return '\n'.join(self.lines)
+
+  def _read(self, pipe, own):
+    for line in pipe:
+      with self._changed:
+        own.append(line.rstrip('\n'))
+        self.lines.append(own[-1])
+        self._changed.notify_all()
+    with self._changed:
+      self._changed.notify_all()
+
+  def _reading(self):
+    return any(reader.is_alive() for reader in self._readers)
+
+  def wait_for(self, condition, what, start=0, timeout=WAIT_SECS):
+    """Returns the first truthy condition(line) over lines[start:], as they come.
+
+    condition: a function of one line, or a compiled pattern (its match).
+    """
+    if hasattr(condition, 'match'):
+      condition = condition.match
+    deadline = time.time() + timeout
+    with self._changed:
+      while True:
+        for line in self.lines[start:]:
+          found = condition(line)
+          if found:
+            return found
+        start = len(self.lines)
+        if not self._reading() or time.time() > deadline:
+          raise AssertionError('no %s within %d s: %s' % (what, timeout, self.log()))
+        self._changed.wait(0.5)
+
+  def finish(self, timeout=RUN_TIMEOUT_SECS):
+    """Waits for the exit; returns its exit code (the output is in lines, out, err)."""
+    try:
+      code = self.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise AssertionError('still running after %d s: %s' % (timeout, self.log())) from None
+    for reader in self._readers:
+      reader.join(30)
+    return code
+
+  def send(self, signum):
+    """Sends signum to the process (SIGSTOP pauses it, SIGCONT resumes it)."""
+    os.kill(self.process.pid, signum)
+
+  def kill(self):
+    """Kills its process group, if anything is left of it, and reaps the process."""
+    try:
+      os.killpg(self.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self.process.wait()
+
+  def log(self):
+    """Writes every line so far to a file; returns a failure message naming it."""
+    return write_log(self.argv, self.process.poll(), self.text)
+
+
+def started_tasks():
+  """A generator for fixtures: yields start(argv, env=None) -> Task, then kills them all."""
+  started = []
+
+  def start(argv, env=None):
+    started.append(Task(argv, env))
+    return started[-1]
+  yield start
+  for task in started:
+    task.kill()
+
+
+def tasks_of(launcher_pid):
+  """{PID: command-line words} of the live processes a --local_cluster launcher started."""
+  import local_cluster
+  marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher_pid)).encode()
+  found = {}
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open('/proc/%s/environ' % pid, 'rb') as f:
+        if marker not in f.read().split(b'\0'):
+          continue
+      with open('/proc/%s/cmdline' % pid, 'rb') as f:
+        found[int(pid)] = f.read().decode(errors='replace').split('\0')
+    except OSError:  # gone meanwhile
+      pass
+  return found
+
+
+def task_pid(launcher_pid, job_name, task_index):
+  """The PID of one task a --local_cluster launcher started (AssertionError if none)."""
+  wanted = {'--job_name=%s' % job_name, '--task_index=%d' % task_index}
+  pids = [pid for pid, words in tasks_of(launcher_pid).items() if wanted <= set(words)]
+  assert len(pids) == 1, (job_name, task_index, tasks_of(launcher_pid))
+  return pids[0]
+
+
+# ---- What the programs write --------------------------------------------------------------
+
+def checkpoint(path):
+  """{variable name: value} of a checkpoint, or of the latest one in a directory."""
+  import tensorflow as tf
+  reader = tf.train.load_checkpoint(str(path))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def global_step(path):
+  """The global step stored in a checkpoint, or in the latest one of a directory."""
+  import tensorflow as tf
+  return int(tf.train.load_checkpoint(str(path)).get_tensor('global_step'))
+
+
+def copy_checkpoint(checkpoint_path, train_dir):
+  """Copies one checkpoint into a new train_dir, as its only (latest) one."""
+  os.makedirs(train_dir)
+  for path in glob.glob(str(checkpoint_path) + '.*'):
+    shutil.copy(path, train_dir)
+  with open(os.path.join(train_dir, 'checkpoint'), 'w') as f:
+    f.write('model_checkpoint_path: "%s"\n' % os.path.basename(str(checkpoint_path)))
+
+
+def event_files(directory):
+  return sorted(glob.glob(os.path.join(str(directory), 'events.out.tfevents.*')))
+
+
+def scalars_per_file(directory, tag):
+  """[{step: value} of tag, one dict per event file in name order], as TensorBoard reads them."""
+  from tensorboard.backend.event_processing import event_accumulator
+  found = []
+  for path in event_files(directory):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    found.append({e.step: e.value for e in events.Scalars(tag)}
+                 if tag in events.Tags()['scalars'] else {})
+  return found
+
+
+def scalars(directory, tag):
+  """{step: value} of tag over every event file of the directory."""
+  merged = {}
+  for values in scalars_per_file(directory, tag):
+    merged.update(values)
+  return merged
+
+
+def summary_tags(directory):
+  """Every tag of every summary value in the directory's event files."""
+  import tensorflow as tf
+  return {value.tag for path in event_files(directory)
+          for event in tf.compat.v1.train.summary_iterator(path)
+          for value in event.summary.value}
+
+
+# ---- Clusters, as the orchestrators describe them ----------------------------------------
+
+def tf_config(cluster, task_type, index):
+  """TF_CONFIG's text, as Kubeflow's TFJob sets it for one task."""
+  return json.dumps({'cluster': cluster, 'task': {'type': task_type, 'index': index}})
+
+
+def fake_nvidia_smi(bin_dir, num_gpus):
+  """Writes an `nvidia-smi` into bin_dir that lists num_gpus GPUs, as --list-gpus does."""
+  os.makedirs(str(bin_dir), exist_ok=True)
+  path = os.path.join(str(bin_dir), 'nvidia-smi')
+  with open(path, 'w') as f:
+    f.write('#!/bin/sh\n' + ''.join('echo "GPU %d: Tesla T4 (UUID: GPU-%d)"\n' % (i, i)
+                                    for i in range(num_gpus)))
+  os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+  return path
+
+
+# ---- Data sets, from the product's own sample writers -----------------------------------
+
+class Sample(collections.namedtuple('Sample', ['dir', 'md5'])):
+  """A data set from cifar10_input.write_sample: its directory and its archive's md5."""
+
+  @property
+  def flags(self):
+    return ['--data_dir=%s' % self.dir, '--data_md5=%s' % self.md5]
+
+
+def write_sample(path, records_per_file):
+  """A CIFAR-10 sample in the real binary layout, in path; returns its Sample."""
+  import cifar10_input  # imports TensorFlow: only once a test asks for data
+  return Sample(str(path), cifar10_input.write_sample(str(path), records_per_file))
+
+
+# ---- Files and their modes ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def umask(mask):
+  """Runs the block under this umask, then restores the one before."""
+  before = os.umask(mask)
+  try:
+    yield
+  finally:
+    os.umask(before)
+
+
+def modes(root):
+  """{path relative to root: permission bits} of every file and directory under root."""
+  found = {}
+  for directory, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(directory, name)
+      found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
+  return found
