@@ -40,6 +40,22 @@ def mnist_sample(tmp_path_factory):
   return path
 
 
+@pytest.fixture(scope='session')
+def helpshort():
+  """helpshort('dist_train.py') -> its --helpshort Run, started once per test process.
+
+  Tests that read it carry @pytest.mark.xdist_group('helpshort'), so that one process
+  starts each program once.
+  """
+  runs = {}
+
+  def get(program):
+    if program not in runs:
+      runs[program] = helpers.run([program, '--helpshort'])
+    return runs[program]
+  return get
+
+
 @pytest.fixture
 def tasks():
   """start(argv, env=None) -> helpers.Task; every task of the test is killed at its end."""

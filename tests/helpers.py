@@ -61,6 +61,11 @@ def steps(pattern, lines):
   return [int(m.group(1)) for m in matches(pattern, lines)]
 
 
+def listed_flags(help_text):
+  """The flag names a program's --help or --helpshort output lists."""
+  return set(re.findall(r'^  --(?:\[no\])?(\w+)', help_text, re.M))
+
+
 def by_task(lines):
   """{'ps0': [its lines], 'worker0': [...]} from a --local_cluster launcher's output."""
   found = collections.defaultdict(list)
