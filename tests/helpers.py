@@ -384,3 +384,40 @@ def modes(root):
       path = os.path.join(directory, name)
       found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
   return found
+
+
+# ---- One synchronous step of the trainer's own graph, in this process -------------------
+
+def one_train_step(num_towers, images, labels, start_values=None, model=None):
+  """Builds multi_gpu_train's graph over num_towers virtual CPUs and runs one step.
+
+  images, labels: the global batch (numpy), split evenly over the towers in order.
+  start_values: {variable name: value} to start from instead of fresh initial values.
+  model: the model package (default cifar10).
+
+  Returns:
+    ({name: value} of every global variable before the step, and after it).
+  """
+  import tensorflow as tf
+  import cifar10
+  import multi_gpu_train
+  import placement
+  model = model or cifar10
+  per_tower = len(images) // num_towers
+  slices = iter([(images[i * per_tower:(i + 1) * per_tower],
+                  labels[i * per_tower:(i + 1) * per_tower]) for i in range(num_towers)])
+  with tf.Graph().as_default():
+    graph = multi_gpu_train.build(
+        lambda: tuple(map(tf.constant, next(slices))),
+        ['/cpu:%d' % i for i in range(num_towers)], per_tower,
+        model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, model=model, summaries=False)
+    variables = tf.compat.v1.global_variables()
+    start = [v.assign(start_values[v.op.name]) for v in variables] if start_values else []
+    config = placement.session_config(num_cpu_devices=num_towers)
+    with tf.compat.v1.Session(config=config) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(start)
+      before = dict(zip([v.op.name for v in variables], sess.run(variables)))
+      sess.run(graph.train_op)
+      after = dict(zip([v.op.name for v in variables], sess.run(variables)))
+  return before, after
