@@ -139,19 +139,24 @@ def _text(data):
 class Task:
   """One running process in a session of its own; its lines read as they come.
 
-  `lines` holds stdout and stderr merged in the order they arrived; `out` and `err`
-  each stream alone. Signals go to the process (`send`), `kill` takes its whole
+  `lines` holds stdout and stderr merged in the order they arrived (`arrived`: when,
+  by time.time()); `out` and `err` each stream alone. Signals go to the process (`send`), `kill` takes its whole
   process group (a launcher's tasks too).
   """
 
+  @staticmethod
+  def python_argv(script):
+    """The argv that runs one of the project's scripts unbuffered with this Python."""
+    return [sys.executable, '-u', os.path.join(ROOT, script)]
+
   def __init__(self, argv, env=None, cwd=ROOT):
     if argv[0].endswith('.py'):
-      argv = [sys.executable, '-u', os.path.join(ROOT, argv[0])] + list(argv[1:])
+      argv = self.python_argv(argv[0]) + list(argv[1:])
     self.argv = argv
     self.process = subprocess.Popen(argv, cwd=cwd, env=user_env() if env is None else env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, bufsize=1, start_new_session=True)
-    self.lines, self.out_lines, self.err_lines = [], [], []
+    self.lines, self.arrived, self.out_lines, self.err_lines = [], [], [], []
     self._changed = threading.Condition()
     self._readers = [threading.Thread(target=self._read, args=(pipe, own), daemon=True)
                      for pipe, own in ((self.process.stdout, self.out_lines),
@@ -183,6 +188,7 @@ class Task:
       with self._changed:
         own.append(line.rstrip('\n'))
         self.lines.append(own[-1])
+        self.arrived.append(time.time())
         self._changed.notify_all()
     with self._changed:
       self._changed.notify_all()
