@@ -5,18 +5,17 @@ srun would set it, and checks the cluster dist_train.py would build from it.
 """
 import json
 import os
-import stat
 
 import pytest
 
 import cluster_env
+import helpers
 
 PS, CHIEF, W0, W1, EVAL = 'ps-0:2222', 'chief-0:2222', 'worker-0:2222', 'worker-1:2222', 'ev-0:2222'
 
 
 def tf_config(cluster, task_type, index):
-  return {'TF_CONFIG': json.dumps({'cluster': cluster,
-                                   'task': {'type': task_type, 'index': index}})}
+  return {'TF_CONFIG': helpers.tf_config(cluster, task_type, index)}
 
 
 def slurm(procid, tmp_path, num_tasks=3, nodelist='node7', tasks_per_node='3', **more):
@@ -32,11 +31,7 @@ def slurm(procid, tmp_path, num_tasks=3, nodelist='node7', tasks_per_node='3', *
 
 def fake_nvidia_smi(tmp_path, num_gpus):
   """A `nvidia-smi` on tmp_path/bin that lists num_gpus GPUs, as --list-gpus does."""
-  path = tmp_path / 'bin' / 'nvidia-smi'
-  path.parent.mkdir(exist_ok=True)
-  lines = ''.join('echo "GPU %d: Tesla T4 (UUID: GPU-%d)"\n' % (i, i) for i in range(num_gpus))
-  path.write_text('#!/bin/sh\n' + lines)
-  path.chmod(path.stat().st_mode | stat.S_IEXEC)
+  helpers.fake_nvidia_smi(tmp_path / 'bin', num_gpus)
 
 
 # ---- TF_CONFIG ------------------------------------------------------------------

@@ -11,15 +11,12 @@ import random
 import re
 import signal
 import socket
-import stat
-import subprocess
-import sys
 
 import pytest
 
+import helpers
+from helpers import DONE_LINE, SAVED_LINE, matches, tf_config
 import local_cluster
-from test_dist_train import (DIST_TRAIN, DONE_LINE, ROOT, SAVED_LINE, load, matches,
-                             sample, tasks)  # noqa: F401 (fixtures)
 
 MAX_STEPS = 4
 # Tiny and quick: 4 images a step, no summaries, an evaluator that looks every second.
@@ -30,14 +27,10 @@ PRECISION_LINE = r'precision @ 1 = \d\.\d{3} \(global step (\d+),'
 
 
 def environment(**variables):
-  """This process's environment without a GPU, with `variables` set."""
+  """A user's environment without a GPU or an orchestrator's variables, and `variables`."""
   env = {k: v for k, v in os.environ.items()
          if k != 'TF_CONFIG' and not k.startswith('SLURM_')}
-  return dict(env, CUDA_VISIBLE_DEVICES='', TF_CPP_MIN_LOG_LEVEL='2', **variables)
-
-
-def tf_config(cluster, task_type, index):
-  return json.dumps({'cluster': cluster, 'task': {'type': task_type, 'index': index}})
+  return dict(env, CUDA_VISIBLE_DEVICES='', **variables)
 
 
 def loopback_hosts(count):
@@ -50,7 +43,7 @@ def start_tf_config_cluster(tasks, cluster, flags):
   for task_type, hosts in cluster.items():
     for index in range(len(hosts)):
       started['%s%d' % (task_type, index)] = tasks(
-          [sys.executable, '-u', DIST_TRAIN] + flags,
+          ['dist_train.py'] + flags,
           env=environment(TF_CONFIG=tf_config(cluster, task_type, index)))
   return started
 
@@ -60,14 +53,17 @@ def finish_all(started):
 
   The ps tasks last: they wait for the workers, whose logs say more when one fails.
   """
-  return {name: started[name].finish()
-          for name in sorted(started, key=lambda name: name.startswith('ps'))}
+  ended = {}
+  for name in sorted(started, key=lambda name: name.startswith('ps')):
+    task = started[name]
+    ended[name] = (task.finish(), task.text, task)
+  return ended
 
 
 def assert_every_task_exited_0(ended):
-  for name, (code, log) in ended.items():
-    assert code == 0, (name, log[-3000:])
-    assert 'Traceback' not in log, (name, log[-3000:])
+  for name, (code, log, task) in ended.items():
+    assert code == 0, (name, task.log())
+    assert 'Traceback' not in log, (name, task.log())
 
 
 @pytest.mark.slow
@@ -79,7 +75,7 @@ def test_tf_config_ps_chief_worker_evaluator_every_task_exits_0_by_itself(tasks,
                                     ['--train_dir=%s' % tmp_path])
   ended = finish_all(started)
   assert_every_task_exited_0(ended)
-  logs = {name: log for name, (_, log) in ended.items()}
+  logs = {name: log for name, (_, log, _) in ended.items()}
   for name, this in (('chief0', 'chief 0 (dist_train.py\'s worker 0, the chief)'),
                      ('worker0', 'worker 0 (dist_train.py\'s worker 1)'),
                      ('ps0', 'ps 0'), ('evaluator0', 'evaluator 0')):
@@ -94,10 +90,10 @@ def test_tf_config_ps_chief_worker_evaluator_every_task_exits_0_by_itself(tasks,
   assert matches(DONE_LINE, logs['worker0'].splitlines())[0].group(3) == str(MAX_STEPS)
   assert matches(SAVED_LINE, logs['chief0'].splitlines())
   assert not matches(SAVED_LINE, logs['worker0'].splitlines())
-  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+  assert helpers.global_step(str(tmp_path)) == MAX_STEPS
   # The evaluator scored the last checkpoint, then ended.
   scored = [int(step) for step in re.findall(PRECISION_LINE, logs['evaluator0'])]
-  assert scored and scored[-1] == MAX_STEPS, logs['evaluator0'][-3000:]
+  assert scored and scored[-1] == MAX_STEPS, ended['evaluator0'][2].log()
   assert os.listdir(os.path.join(tmp_path, 'eval'))  # its event files, beside the chief's
 
 
@@ -113,7 +109,7 @@ def test_tf_config_master_is_the_chief_every_task_exits_0(tasks, tmp_path):
           'worker 0, the chief)') in master_log
   assert matches(SAVED_LINE, master_log.splitlines())
   assert 'ps task 0 done: training is over' in ended['ps0'][1]
-  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+  assert helpers.global_step(str(tmp_path)) == MAX_STEPS
 
 
 @pytest.mark.slow
@@ -124,13 +120,13 @@ def test_tf_config_no_chief_worker_0_leads_every_task_exits_0(tasks, tmp_path):
                                                              '--train_dir=%s' % tmp_path])
   ended = finish_all(started)
   assert_every_task_exited_0(ended)
-  logs = {name: log for name, (_, log) in ended.items()}
+  logs = {name: log for name, (_, log, _) in ended.items()}
   assert ('cluster from TF_CONFIG: 1 ps, 2 workers; this task: worker 0 (the chief)'
           in logs['worker0'])
   assert matches(SAVED_LINE, logs['worker0'].splitlines())
   assert not matches(SAVED_LINE, logs['worker1'].splitlines())
   assert 'ps task 0 done: training is over' in logs['ps0']
-  assert load(str(tmp_path))['global_step'] == MAX_STEPS
+  assert helpers.global_step(str(tmp_path)) == MAX_STEPS
 
 
 def free_port_base(count):
@@ -155,11 +151,7 @@ def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
   # A node with 3 GPUs, as nvidia-smi lists them: the resolver gives each task one
   # through CUDA_VISIBLE_DEVICES (this machine has none, so TensorFlow sees none).
   bin_dir = tmp_path / 'bin'
-  bin_dir.mkdir()
-  nvidia_smi = bin_dir / 'nvidia-smi'
-  nvidia_smi.write_text('#!/bin/sh\n' + ''.join('echo "GPU %d: Tesla T4 (UUID: GPU-%d)"\n'
-                                                 % (i, i) for i in range(3)))
-  nvidia_smi.chmod(nvidia_smi.stat().st_mode | stat.S_IEXEC)
+  helpers.fake_nvidia_smi(bin_dir, 3)
   base = free_port_base(3)
   started = {}
   for rank in range(3):
@@ -168,7 +160,7 @@ def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
                       PATH='%s:%s' % (bin_dir, os.environ['PATH']))
     del env['CUDA_VISIBLE_DEVICES']  # Slurm without --gpus-per-task: the resolver sets it
     started['rank%d' % rank] = tasks(
-        [sys.executable, '-u', DIST_TRAIN, '--cluster=slurm', '--num_ps=1',
+        ['dist_train.py', '--cluster=slurm', '--num_ps=1',
          '--slurm_port_base=%d' % base, '--synthetic', '--train_dir=%s' % (tmp_path / 'train')]
         + FLAGS, env=env)
   ended = finish_all(started)
@@ -181,7 +173,7 @@ def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
   assert 'TensorFlow sees 0 GPU(s) (CUDA_VISIBLE_DEVICES=2)' in logs[2]
   assert 'ps task 0 serving at grpc://127.0.0.1:%d' % base in logs[0]
   assert 'ps task 0 done: training is over' in logs[0]
-  assert load(str(tmp_path / 'train'))['global_step'] == MAX_STEPS
+  assert helpers.global_step(str(tmp_path / 'train')) == MAX_STEPS
 
 
 @pytest.mark.slow
@@ -193,21 +185,22 @@ def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path)
     return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
                                             flags))
 
-  ps, chief = start('ps', 0), start('worker', 0)
+  ps, chief, late = start('ps', 0), start('worker', 0), start('worker', 1)
+  # Worker 1 is held once TensorFlow is imported (it warns, then serves): late, but
+  # with no TensorFlow import left to do within the ps's grace period.
+  late.wait_for(lambda line: 'anyone who can reach port' in line, 'worker 1 started')
+  late.send(signal.SIGSTOP)
   # Async: the chief alone makes every update; then it says it has finished.
-  chief.wait_for(DONE_LINE.match, 'the chief done')
+  chief.wait_for(DONE_LINE, 'the chief done')
   assert ps.process.poll() is None  # still serving: worker 1 has not said so
-  code, log = chief.finish()
-  assert code == 0, log[-3000:]
-  late = start('worker', 1)
-  code, log = late.finish()
-  assert code == 0, log[-3000:]
+  assert chief.finish() == 0, chief.log()
+  late.send(signal.SIGCONT)
+  assert late.finish() == 0, late.log()
   assert ('worker 1: global step %d is not below --max_steps=%d: nothing to do'
-          % (MAX_STEPS, MAX_STEPS)) in log
-  assert 'worker 1 done: 0 local steps, global step %d' % MAX_STEPS in log.splitlines()
-  code, log = ps.finish(timeout=30)
-  assert code == 0, log[-3000:]
-  assert [line for line in log.splitlines() if line.startswith('ps task 0')][-3:] == [
+          % (MAX_STEPS, MAX_STEPS)) in late.text, late.log()
+  assert 'worker 1 done: 0 local steps, global step %d' % MAX_STEPS in late.lines
+  assert ps.finish() == 0, ps.log()
+  assert [line for line in ps.lines if line.startswith('ps task 0')][-3:] == [
       'ps task 0: worker 0 has finished (1 of 2)',
       'ps task 0: worker 1 has finished (2 of 2)', 'ps task 0 done: training is over']
 
@@ -230,32 +223,27 @@ REFUSED = [
 ]
 
 
-def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tmp_path):
+def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tasks, tmp_path):
   # All at once: each only imports TensorFlow and stops.
-  runs = [subprocess.Popen([sys.executable, DIST_TRAIN, '--synthetic',
-                            '--train_dir=%s' % tmp_path] + flags, cwd=ROOT,
-                           env=environment(TF_CONFIG=text), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-          for text, flags, _ in REFUSED]
+  runs = [tasks(['dist_train.py', '--synthetic', '--train_dir=%s' % tmp_path] + flags,
+                env=environment(TF_CONFIG=text)) for text, flags, _ in REFUSED]
   for run, (text, _, expected) in zip(runs, REFUSED):
-    out, err = run.communicate(timeout=120)
-    assert run.returncode == 1, (text, out, err)
-    errors = [line for line in err.splitlines() if line.startswith('error: ')]
-    assert len(errors) == 1 and re.search(expected, errors[0]), (text, err)
-    assert 'Traceback' not in err
-    assert 'serving' not in out and 'cluster from TF_CONFIG' not in out
+    assert run.finish() == 1, (text, run.log())
+    errors = [line for line in run.err_lines if line.startswith('error: ')]
+    assert len(errors) == 1 and re.search(expected, errors[0]), (text, run.log())
+    assert 'Traceback' not in run.err
+    assert 'serving' not in run.out and 'cluster from TF_CONFIG' not in run.out
   assert os.listdir(tmp_path) == []
 
 
 def test_tf_config_evaluator_waiting_for_a_checkpoint_ctrl_c_stops_it_in_one_line(
     tasks, sample, tmp_path):
   cluster = dict(zip(['ps', 'chief', 'evaluator'], [[h] for h in loopback_hosts(3)]))
-  evaluator = tasks([sys.executable, '-u', DIST_TRAIN] + FLAGS + sample.flags +
-                    ['--train_dir=%s' % tmp_path],
+  evaluator = tasks(['dist_train.py'] + FLAGS + sample.flags + ['--train_dir=%s' % tmp_path],
                     env=environment(TF_CONFIG=tf_config(cluster, 'evaluator', 0)))
   evaluator.wait_for(lambda line: line.startswith('No checkpoint in %s yet' % tmp_path),
                      'the evaluator waiting')
   evaluator.send(signal.SIGINT)
-  code, log = evaluator.finish(timeout=60)
-  assert code == 130, log
-  assert 'Traceback' not in log and log.splitlines()[-1] == 'Stopped by Ctrl-C.', log
+  assert evaluator.finish() == 130, evaluator.log()
+  assert 'Traceback' not in evaluator.text, evaluator.log()
+  assert evaluator.err_lines[-1] == 'Stopped by Ctrl-C.', evaluator.log()

@@ -12,7 +12,7 @@ import tensorflow as tf
 from local_cluster import free_ports
 import ps_shutdown
 
-WAIT_SECS = 15  # a wait that should end long before this has failed
+WAIT_SECS = 60  # a wait that ends in well under a second has failed by then
 
 
 def start_cluster(num_ps, num_workers):
@@ -42,6 +42,13 @@ class Waiting:
                                                **kwargs)
     self.elapsed = time.time() - self._start
 
+  def wait_for_line(self, text, timeout=WAIT_SECS):
+    """Returns once a logged line ends with text (AssertionError after timeout)."""
+    deadline = time.time() + timeout
+    while not any(line.endswith(text) for line in self.lines):
+      assert time.time() < deadline, 'no %r within %d s: %s' % (text, timeout, self.lines)
+      time.sleep(0.05)
+
   def join(self, timeout=WAIT_SECS):
     self._thread.join(timeout)
     assert not self._thread.is_alive(), 'still waiting after %d s: %s' % (timeout, self.lines)
@@ -52,8 +59,9 @@ def test_wait_for_workers_two_workers_report_every_ps_returns_all():
   ps, workers = start_cluster(num_ps=2, num_workers=2)
   waits = [Waiting(ps[i], i, 2, grace_secs=60) for i in range(2)]
   assert ps_shutdown.report_finished(workers[1].target, 2, 1, timeout_secs=WAIT_SECS)
-  time.sleep(0.5)
-  assert all(w.result is None for w in waits)  # worker 1 alone ends nothing
+  for wait in waits:  # each ps has taken worker 1's word, and goes on waiting
+    wait.wait_for_line('worker 1 has finished (1 of 2)')
+  assert all(w.result is None for w in waits)
   assert ps_shutdown.report_finished(workers[0].target, 2, 0, timeout_secs=WAIT_SECS)
   for i, wait in enumerate(waits):
     assert wait.join() == ps_shutdown.WorkersSeen([0, 1], 'all')
@@ -80,7 +88,8 @@ def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker
   wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop.is_set)
   for _ in range(2):  # a restarted worker 1 says it twice
     assert ps_shutdown.report_finished(workers[1].target, 1, 1, timeout_secs=WAIT_SECS)
-  time.sleep(1)
+  wait.wait_for_line('worker 1 has finished (1 of 2)')
+  time.sleep(1)  # ten polls: time to end, were a grace period (0 s) started
   assert wait.result is None  # no chief: no grace period starts
   stop.set()
   assert wait.join() == ps_shutdown.WorkersSeen([1], 'stopped')
@@ -102,7 +111,7 @@ def test_report_finished_ps_gone_returns_false_within_timeout():
   worker = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=0)
   start = time.time()
   assert ps_shutdown.report_finished(worker.target, 1, 0, timeout_secs=2) is False
-  assert 2 <= time.time() - start < 5
+  assert 2 <= time.time() - start < 30  # its own 2 s, not a wait without end
 
 
 def test_finished_op_under_replica_device_setter_placed_on_each_ps():
