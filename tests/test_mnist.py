@@ -52,7 +52,6 @@ def test_two_towers_step_matches_one_tower_on_joined_batch():
     assert np.abs(one_tower[name] - start[name]).max() > 1e-6, name
 
 
-@pytest.mark.slow
 def test_train_two_towers_then_eval_learns_the_sample(mnist_sample, tmp_path, capsys):
   # In this process: the trainer's and the evaluator's own functions; the command
   # lines and their defaults are the next test's and tests/test_first_run.py's.
