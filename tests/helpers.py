@@ -427,3 +427,46 @@ def one_train_step(num_towers, images, labels, start_values=None, model=None):
       sess.run(graph.train_op)
       after = dict(zip([v.op.name for v in variables], sess.run(variables)))
   return before, after
+
+
+# ---- A server on 127.0.0.1, for the download tests ---------------------------------------
+
+@contextlib.contextmanager
+def serve(directory):
+  """An HTTP server on 127.0.0.1 serving directory's files; yields its base URL."""
+  import functools
+  import http.server
+
+  class Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+      pass
+  server = http.server.ThreadingHTTPServer(
+      ('127.0.0.1', 0), functools.partial(Quiet, directory=str(directory)))
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield 'http://127.0.0.1:%d/' % server.server_address[1]
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def tree(root):
+  """The paths of every file under root, relative to it, sorted."""
+  return sorted(os.path.relpath(os.path.join(d, f), root)
+                for d, _, files in os.walk(str(root)) for f in files)
+
+
+def scalar_steps_per_file(directory, tag):
+  """[[the step of every event of tag, in order, repeats kept], one list per event file].
+
+  scalars_per_file's dicts keep one value per step; this shows a step written twice.
+  """
+  from tensorboard.backend.event_processing import event_accumulator
+  found = []
+  for path in event_files(directory):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    found.append([e.step for e in events.Scalars(tag)]
+                 if tag in events.Tags()['scalars'] else [])
+  return found

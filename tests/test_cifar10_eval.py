@@ -1,33 +1,17 @@
 """cifar10_eval.py and the trainer's summaries: evidence that training learns."""
 import glob
 import os
-import re
 import signal
-import subprocess
-import sys
 import types
 
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import conftest
 import evaluation
+import helpers
 import multi_gpu_train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRECISION = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: precision @ 1 = (\d\.\d{3}) '
-                       r'\(global step (\d+), (\d+) test records, (moving averages|raw '
-                       r'weights), cross-entropy (\S+)\)$', re.M)
-
-
-def _eval(*args, timeout=120):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'cifar10_eval.py')] + list(args),
-                        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-  return done.returncode, done.stdout, done.stderr
 
 
 def _files(directory):
@@ -35,17 +19,32 @@ def _files(directory):
           for p in glob.glob(os.path.join(directory, '*'))}
 
 
-def _tags(directory):
-  tags = set()
-  for path in glob.glob(os.path.join(directory, 'events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      tags.update(value.tag for value in event.summary.value)
-  return tags
+def _eval_flags(checkpoint_dir, eval_dir, data_dir, **changes):
+  """What evaluation.main reads of cifar10_eval.py's flags, as --run_once gives them."""
+  flags = dict(checkpoint_dir=str(checkpoint_dir), eval_dir=str(eval_dir), data_dir=data_dir,
+               eval_data='test', batch_size=5, use_moving_averages=True, run_once=True,
+               eval_interval_secs=1)
+  flags.update(changes)
+  return types.SimpleNamespace(**flags)
+
+
+def _evaluate_in_process(flags, capsys):
+  """evaluation's loop as cifar10_eval.py runs it, here; returns its PRECISION_LINE matches."""
+  with tf.Graph().as_default():  # as after the program's disable_eager_execution()
+    writer = evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train')
+    if writer:
+      writer.close()
+  out = capsys.readouterr().out
+  return out, helpers.matches(helpers.PRECISION_LINE, out.splitlines())
 
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-  """2 towers on 2 virtual CPUs, trained on learnable generated data."""
+  """2 towers on 2 virtual CPUs, trained on learnable generated data.
+
+  Its own data set, not the session sample: the precision gate below was measured on
+  these 500 training and 100 test records.
+  """
   data_dir = str(tmp_path_factory.mktemp('data'))
   train_dir = str(tmp_path_factory.mktemp('train'))
   md5 = cifar10_input.write_sample(data_dir, records_per_file=100)
@@ -61,30 +60,36 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, tmp_path):
+@pytest.mark.xdist_group('cifar10_eval_trained')
+def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, tmp_path,
+                                                                       capsys):
   data_dir, train_dir, md5 = trained
   before = _files(train_dir)
-  common = ['--run_once', '--data_dir=' + data_dir, '--data_md5=' + md5,
-            '--checkpoint_dir=' + train_dir,
-            '--eval_dir=%s' % tmp_path]
-  code, out, err = _eval(*common)
-  assert code == 0, err
-  precision, step, count, which, averaged_loss = PRECISION.search(out).groups()
+  done = helpers.run(['cifar10_eval.py', '--run_once', '--data_dir=' + data_dir,
+                      '--data_md5=' + md5, '--checkpoint_dir=' + train_dir,
+                      '--eval_dir=%s' % tmp_path])
+  found = helpers.matches(helpers.PRECISION_LINE, done.out.splitlines())
+  assert done.code == 0 and len(found) == 1, done.log()
+  precision, step, count, which, averaged_loss = found[0].groups()
   # Chance is 0.1; seed 1 measured 0.89 here.
-  assert float(precision) >= 0.85 and step == "400" and count == "100", out
+  assert float(precision) >= 0.85 and step == "400" and count == "100", done.log()
   assert which == 'moving averages'
 
-  code, out, err = _eval(*common, '--use_moving_averages=false')
-  assert code == 0, err
-  _, step, _, which, raw_loss = PRECISION.search(out).groups()
-  assert which == "raw weights" and step == "400"
+  # --use_moving_averages=false: the same loop, in this process (the flag is a plain
+  # boolean absl parses; what it changes is evaluation's restore).
+  _, found = _evaluate_in_process(_eval_flags(
+      train_dir, tmp_path, data_dir, batch_size=128, use_moving_averages=False), capsys)
+  assert len(found) == 1
+  _, step, count, which, raw_loss = found[0].groups()
+  assert which == "raw weights" and step == "400" and count == "100"
   assert raw_loss != averaged_loss  # the shadow values really were restored
   assert _files(train_dir) == before  # nothing of the trainer's was touched
-  assert {'Precision @ 1', '1_loss/cross_entropy'} <= _tags(str(tmp_path))
+  assert {'Precision @ 1', '1_loss/cross_entropy'} <= helpers.summary_tags(tmp_path)
 
 
+@pytest.mark.xdist_group('cifar10_eval_trained')
 def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
-  tags = _tags(trained[1])
+  tags = helpers.summary_tags(trained[1])
   expected = {'1_loss/total_loss', '1_loss/cross_entropy', '2_training/learning_rate',
               '2_training/examples_per_sec', '1_loss/tower_0/total_loss',
               '1_loss/tower_1/total_loss', '1_loss/tower_0/cross_entropy',
@@ -98,86 +103,72 @@ def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
   assert groups[:2] == ['1_loss', '2_training'], groups
 
 
-def _tensorboard_steps(directory, tag):
-  """Steps at which TensorBoard's own reader finds `tag` in the directory's event files."""
-  steps = []
-  for path in sorted(glob.glob(os.path.join(directory, 'events.out.tfevents.*'))):
-    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
-    events.Reload()
-    assert tag in events.Tags()['scalars'], (path, events.Tags())
-    steps.append([event.step for event in events.Scalars(tag)])
-  return steps
-
-
+@pytest.mark.xdist_group('cifar10_eval_trained')
 def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(trained):
   # 400 steps, summaries every 50: the variables at steps 0, 50, ..., 350, then the end.
-  assert _tensorboard_steps(trained[1], '1_loss/total_loss') == [
-      list(range(0, 400, 50)) + [400]]
-  for tag in ('2_training/learning_rate', '1_loss/tower_1/cross_entropy', 'conv1/sparsity'):
-    assert _tensorboard_steps(trained[1], tag) == [list(range(0, 400, 50)) + [400]]
+  for tag in ('1_loss/total_loss', '2_training/learning_rate',
+              '1_loss/tower_1/cross_entropy', 'conv1/sparsity'):
+    assert helpers.scalar_steps_per_file(trained[1], tag) == [
+        list(range(0, 400, 50)) + [400]], tag
 
 
-def test_resumed_run_stopping_before_next_summary_step_still_writes_one(tmp_path):
-  sample = conftest.write_sample(tmp_path / 'data', records_per_file=20)
+def test_resumed_run_stopping_before_next_summary_step_still_writes_one(sample, tmp_path):
   for max_steps in (7, 9):
     multi_gpu_train.train(multi_gpu_train.Settings(
         str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
         summary_steps=5, data_md5=sample.md5))
-  assert _tensorboard_steps(str(tmp_path / 'train'), '1_loss/total_loss') == [[0, 5, 7], [9]]
+  assert helpers.scalar_steps_per_file(tmp_path / 'train', '1_loss/total_loss') == [
+      [0, 5, 7], [9]]
 
 
+@pytest.mark.xdist_group('cifar10_eval_trained')
 def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained):
-  reader = tf.train.load_checkpoint(trained[1])
-  weights = reader.get_tensor('local4/weights')
-  shadow = reader.get_tensor('local4/weights/ExponentialMovingAverage')
+  checkpoint = helpers.checkpoint(trained[1])
+  weights = checkpoint['local4/weights']
+  shadow = checkpoint['local4/weights/ExponentialMovingAverage']
   assert weights.shape == shadow.shape and abs(weights - shadow).max() > 1e-4
 
 
-def test_eval_run_once_without_checkpoint_exits_with_message(tmp_path):
-  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=5)
-  code, out, err = _eval('--run_once', '--data_dir=%s' % tmp_path, '--data_md5=' + md5,
-                         '--checkpoint_dir=%s' % (tmp_path / 'none'),
-                         '--eval_dir=%s' % (tmp_path / 'eval'))
-  assert code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in err, err
+def test_eval_run_once_without_checkpoint_exits_with_message(sample, tmp_path):
+  done = helpers.run(['cifar10_eval.py', '--run_once', *sample.flags,
+                      '--checkpoint_dir=%s' % (tmp_path / 'none'),
+                      '--eval_dir=%s' % (tmp_path / 'eval')])
+  assert done.code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in done.err, (
+      done.log())
 
 
-def test_eval_without_run_once_waits_for_a_checkpoint_saying_so_ctrl_c_stops_it(tmp_path):
-  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=5)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
-                           '--data_dir=%s' % tmp_path, '--data_md5=' + md5,
-                           '--checkpoint_dir=%s' % tmp_path,
-                           '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          cwd=ROOT)
-  try:
-    line = proc.stdout.readline()
-    assert line.startswith('oneDNN '), line  # which kernels, and why
-    line = proc.stdout.readline()
-    assert line.startswith('CIFAR-10 copy with md5 %s' % md5), line  # a copy of our own
-    line = proc.stdout.readline()
-    assert line.startswith('No checkpoint in %s yet; checking every 1 s.' % tmp_path), line
-    assert proc.poll() is None  # still waiting
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-  finally:
-    proc.kill()
-    proc.wait(timeout=30)
-    proc.stdout.close()
-  assert proc.returncode == 130, err
-  assert 'Traceback' not in err and err.splitlines()[-1] == 'Stopped by Ctrl-C.', err
+def test_eval_without_run_once_waits_for_a_checkpoint_saying_so_ctrl_c_stops_it(sample,
+                                                                                tmp_path,
+                                                                                tasks):
+  evaluator = tasks(['cifar10_eval.py', *sample.flags, '--checkpoint_dir=%s' % tmp_path,
+                     '--eval_dir=%s' % (tmp_path / 'eval'), '--eval_interval_secs=1'])
+  waiting = 'No checkpoint in %s yet; checking every 1 s.' % tmp_path
+  evaluator.wait_for(lambda line: line.startswith(waiting), 'the waiting line')
+  out = evaluator.out_lines[:3]
+  assert out[0].startswith('oneDNN '), evaluator.log()  # which kernels, and why
+  assert out[1].startswith('CIFAR-10 copy with md5 %s' % sample.md5), evaluator.log()
+  assert out[2].startswith(waiting), evaluator.log()
+  assert evaluator.process.poll() is None  # still waiting
+  evaluator.send(signal.SIGINT)
+  assert evaluator.finish() == 130, evaluator.log()
+  err = evaluator.err
+  assert 'Traceback' not in err and err.splitlines()[-1] == 'Stopped by Ctrl-C.', (
+      evaluator.log())
 
 
-def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path):
-  code, _, err = _eval('--run_once', '--checkpoint_dir=%s' % tmp_path,
-                       '--eval_dir=%s' % tmp_path)
-  assert code == 1 and 'give this program a directory of its own' in err
+def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path, capsys):
+  # evaluation.main's first checks, before it changes anything in the process.
+  with pytest.raises(SystemExit) as e:
+    evaluation.main(_eval_flags(tmp_path, tmp_path, str(tmp_path / 'data')), cifar10,
+                    cifar10_input, 'python multi_gpu_train.py')
+  assert 'give this program a directory of its own' in str(e.value.code)
+  assert str(e.value.code).startswith('error: ')  # exits 1, the message on stderr
+  assert capsys.readouterr().out == '' and os.listdir(tmp_path) == []
 
 
-def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(tmp_path,
+def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(sample, tmp_path,
                                                                            monkeypatch,
                                                                            capsys):
-  sample = conftest.write_sample(tmp_path / 'data', records_per_file=5)
   train_dir = tmp_path / 'train'
   multi_gpu_train.train(multi_gpu_train.Settings(
       str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=2, summary_steps=0,
@@ -195,14 +186,9 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(tmp_p
     return os.path.join(checkpoint_dir, path)
 
   monkeypatch.setattr(evaluation, 'latest_checkpoint', latest_then_rotated)
-  flags = types.SimpleNamespace(
-      checkpoint_dir=str(train_dir), eval_dir=str(tmp_path / 'eval'), data_dir=sample.dir,
-      eval_data='test', batch_size=5, use_moving_averages=True, run_once=True,
-      eval_interval_secs=1)
-  with tf.Graph().as_default():  # as after the program's disable_eager_execution()
-    evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train').close()
-  out = capsys.readouterr().out
+  capsys.readouterr()  # the trainer's lines
+  out, precision = _evaluate_in_process(
+      _eval_flags(train_dir, tmp_path / 'eval', sample.dir), capsys)
   assert found == ['model.ckpt-2', 'model.ckpt-3']
   assert '%s/model.ckpt-2 went away while being read; trying again.' % train_dir in out
-  precision = PRECISION.search(out)
-  assert precision and precision.group(2) == '2', out  # ckpt-3 holds step 2's values
+  assert len(precision) == 1 and precision[0].group(2) == '2', out  # ckpt-3 holds step 2's

@@ -1,24 +1,26 @@
 """cifar10_input: the record reader, the file checks, the pipelines and the download."""
-import contextlib
-import functools
-import http.server
+import hashlib
+import io
 import os
 import subprocess
 import tarfile
-import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import cifar10_data
 import cifar10_input
-import conftest
+import helpers
 
 
 def _run(tensors):
   with tf.compat.v1.Session() as sess:
     return sess.run(tensors)
+
+
+def _read_labels(path):
+  """The label bytes of a .bin file: uint8 [records]."""
+  return np.fromfile(path, np.uint8).reshape(-1, cifar10_input.RECORD_BYTES)[:, 0]
 
 
 def test_read_record_decodes_label_and_pixels(tmp_path):
@@ -43,10 +45,9 @@ def test_read_record_decodes_label_and_pixels(tmp_path):
   assert image2[0, 1, 0] == 1 and image2[0, 0, 1] == 0 and image2[8, 0, 1] == 0
 
 
-def test_eval_dataset_generated_files_every_record_once_in_order(tmp_path):
-  cifar10_input.write_sample(str(tmp_path), records_per_file=30)
+def test_eval_dataset_generated_files_every_record_once_in_order(sample):
   with tf.Graph().as_default():
-    dataset, n = cifar10_input.eval_dataset('train_eval', str(tmp_path), batch_size=64)
+    dataset, n = cifar10_input.eval_dataset('train_eval', sample.dir, batch_size=64)
     it = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     labels, sizes = [], []
     with tf.compat.v1.Session() as sess:
@@ -57,18 +58,19 @@ def test_eval_dataset_generated_files_every_record_once_in_order(tmp_path):
           labels.extend(batch_labels)
       except tf.errors.OutOfRangeError:
         pass
-  assert n == 150 and sizes == [64, 64, 22]
+  assert n == 200 and sizes == [64, 64, 64, 8]  # the sample's 5 files of 40 records
   expected = np.concatenate([
-      cifar10_data.read_labels(os.path.join(cifar10_input.batches_dir(str(tmp_path)), f))
+      _read_labels(os.path.join(cifar10_input.batches_dir(sample.dir), f))
       for f in cifar10_input.TRAIN_FILES])
   np.testing.assert_array_equal(labels, expected)
   assert images.shape[1:] == (24, 24, 3)
 
 
-def test_distorted_dataset_batches_have_static_shapes_and_standardised_pixels(tmp_path):
-  cifar10_input.write_sample(str(tmp_path), records_per_file=20)
+@pytest.mark.filterwarnings('ignore:Seed 1 from outer graph')  # wanted: seeded draws
+def test_distorted_dataset_batches_have_static_shapes_and_standardised_pixels(sample):
   with tf.Graph().as_default():
-    images, labels = cifar10_input.distorted_inputs(str(tmp_path), batch_size=16)
+    tf.compat.v1.set_random_seed(1)  # the windows, flips and colour changes compared below
+    images, labels = cifar10_input.distorted_inputs(sample.dir, batch_size=16)
     assert images.shape.as_list() == [16, 24, 24, 3]
     assert labels.shape.as_list() == [16]
     image_values, label_values = _run([images, labels])
@@ -95,38 +97,46 @@ def test_check_data_files_missing_file_names_it(tmp_path):
 
 
 # ---- The download, against a server on 127.0.0.1 ---------------------------------
+# Archives for the download tests: well-formed ones and hostile ones.
 
-@contextlib.contextmanager
-def _serve(directory):
-  """An HTTP server on 127.0.0.1 serving `directory`; yields its base URL."""
-  handler = functools.partial(_QuietHandler, directory=str(directory))
-  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    yield 'http://127.0.0.1:%d/' % server.server_address[1]
-  finally:
-    server.shutdown()
-    server.server_close()
+def _make_tarball(path, members):
+  """Writes a .tar.gz of (name, bytes or tarfile type) pairs; returns its md5.
+
+  members: list of (name, data) where data is bytes for a regular file, or a
+  tarfile.TarInfo (for links, directories and other special members).
+  """
+  buf = io.BytesIO()
+  with tarfile.open(fileobj=buf, mode='w:gz') as tar:
+    for name, data in members:
+      if isinstance(data, tarfile.TarInfo):
+        tar.addfile(data)
+      else:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+  with open(path, 'wb') as f:
+    f.write(buf.getvalue())
+  return hashlib.md5(buf.getvalue()).hexdigest()
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-  def log_message(self, *args):
-    pass
-
-
-def _tree(root):
-  return sorted(os.path.relpath(os.path.join(d, f), root)
-                for d, _, files in os.walk(root) for f in files)
+def _dataset_members(records_per_file=20, seed=0):
+  """The (name, bytes) members of a well-formed small CIFAR-10 archive."""
+  rng = np.random.default_rng(seed)
+  members = [(cifar10_input.BATCHES_DIR + '/' + name,
+              cifar10_input.make_records(rng.integers(0, 10, records_per_file),
+                                         rng).tobytes())
+             for name in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES]
+  members.append((cifar10_input.BATCHES_DIR + '/batches.meta.txt', b'airplane\nautomobile\n'))
+  return members
 
 
 def test_download_served_archive_is_fetched_verified_and_extracted(tmp_path, capsys):
   served = tmp_path / 'served'
   served.mkdir()
-  members = cifar10_data.dataset_members(records_per_file=20)
-  md5 = cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'), members)
+  members = _dataset_members(records_per_file=20)
+  md5 = _make_tarball(str(served / 'cifar-10-binary.tar.gz'), members)
   data_dir = tmp_path / 'data'
-  with _serve(served) as url:
+  with helpers.serve(served) as url:
     dest = cifar10_input.maybe_download_and_extract(
         str(data_dir), url + 'cifar-10-binary.tar.gz', md5)
     assert '>> Downloading cifar-10-binary.tar.gz 100.0%' in capsys.readouterr().out
@@ -136,20 +146,20 @@ def test_download_served_archive_is_fetched_verified_and_extracted(tmp_path, cap
     os.remove(data_dir / 'cifar-10-binary.tar.gz')
     assert cifar10_input.maybe_download_and_extract(str(data_dir), url + 'nothing-here',
                                                     md5) == dest
-  assert _tree(data_dir) == sorted(name for name, _ in members)
+  assert helpers.tree(data_dir) == sorted(name for name, _ in members)
 
 
 @pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
 def test_download_and_extraction_files_get_the_umask_mode(tmp_path, mask, file_mode):
   served = tmp_path / 'served'
   served.mkdir()
-  md5 = cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'),
-                                  cifar10_data.dataset_members(records_per_file=4))
+  md5 = _make_tarball(str(served / 'cifar-10-binary.tar.gz'),
+                                  _dataset_members(records_per_file=4))
   data_dir = tmp_path / 'data'
-  with _serve(served) as url, conftest.umask(mask):
+  with helpers.serve(served) as url, helpers.umask(mask):
     cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
                                              md5)
-  found = conftest.modes(data_dir)
+  found = helpers.modes(data_dir)
   assert len(found) == 9  # the archive, the directory, its 7 files
   assert found == {path: 0o777 & ~mask if os.path.isdir(data_dir / path) else file_mode
                    for path in found}
@@ -158,10 +168,10 @@ def test_download_and_extraction_files_get_the_umask_mode(tmp_path, mask, file_m
 def test_download_checksum_mismatch_refused_and_no_partial_file(tmp_path):
   served = tmp_path / 'served'
   served.mkdir()
-  cifar10_data.make_tarball(str(served / 'cifar-10-binary.tar.gz'),
-                            cifar10_data.dataset_members(records_per_file=5))
+  _make_tarball(str(served / 'cifar-10-binary.tar.gz'),
+                            _dataset_members(records_per_file=5))
   data_dir = tmp_path / 'data'
-  with _serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+  with helpers.serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
     cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
                                              '0' * 32)
   assert 'expected ' + '0' * 32 in str(e.value) and '--data_md5' in str(e.value)
@@ -187,16 +197,16 @@ def _link(name, target, kind=tarfile.SYMTYPE):
 def test_download_malicious_tarball_refused_nothing_written(tmp_path, evil_name, evil_data):
   served = tmp_path / 'served'
   served.mkdir()
-  members = [m for m in cifar10_data.dataset_members(records_per_file=5)
+  members = [m for m in _dataset_members(records_per_file=5)
              if m[0] != evil_name]
-  md5 = cifar10_data.make_tarball(str(served / 'evil.tar.gz'),
+  md5 = _make_tarball(str(served / 'evil.tar.gz'),
                                   members + [(evil_name, evil_data)])
   data_dir = tmp_path / 'box' / 'data'
-  with _serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+  with helpers.serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
     cifar10_input.maybe_download_and_extract(str(data_dir), url + 'evil.tar.gz', md5)
   assert 'refusing' in str(e.value) and repr(evil_name)[1:-1] in str(e.value)
-  assert _tree(data_dir) == ['evil.tar.gz']  # the verified archive only; nothing extracted
-  assert _tree(tmp_path / 'box') == ['data/evil.tar.gz']
+  assert helpers.tree(data_dir) == ['evil.tar.gz']  # the verified archive only; nothing extracted
+  assert helpers.tree(tmp_path / 'box') == ['data/evil.tar.gz']
   assert not os.path.exists('/tmp/cifar10-test-absolute-escape.bin')
 
 
@@ -218,6 +228,7 @@ def test_distort_batch_each_image_is_a_flipped_or_plain_24x24_window_of_its_sour
   record = cifar10_input.make_records([5], rng, learnable=False)[0]
   source = record[1:].reshape(3, 32, 32).transpose(1, 2, 0).astype(np.float64)
   with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)  # how many windows and flips are found is compared
     images, labels = cifar10_input._distort_batch(tf.constant([record.tobytes()] * 64))
     images, labels = _run([images, labels])
   assert images.shape == (64, 24, 24, 3) and (labels == 5).all()
@@ -244,7 +255,7 @@ def _affine_match(image, window):
 def test_download_unreachable_url_names_it_and_leaves_no_file(tmp_path, case):
   served, data_dir = tmp_path / 'served', tmp_path / 'data'
   served.mkdir()
-  with _serve(served) as url:
+  with helpers.serve(served) as url:
     if case == 'http-404':
       target = url + 'missing.tar.gz'
       with pytest.raises(cifar10_input.DataError, match='cannot download ' + target):
@@ -275,21 +286,21 @@ def test_check_data_files_label_out_of_range_names_file_record_and_value(tmp_pat
       path, label) in str(e.value)
 
 
-def test_official_md5_requires_10000_records_per_file(tmp_path):
-  cifar10_input.write_sample(str(tmp_path), records_per_file=8)  # cut on a record boundary
-  with pytest.raises(cifar10_input.DataError,
-                     match=r'data_batch_1.bin holds 8 records; each file of the official '
+def test_official_md5_requires_10000_records_per_file(sample):
+  with pytest.raises(cifar10_input.DataError,  # files cut on a record boundary
+                     match=r'data_batch_1.bin holds 40 records; each file of the official '
                            r'archive holds 10000.*pass its md5 as --data_md5'):
-    cifar10_input.maybe_download_and_extract(str(tmp_path))  # the official md5
+    cifar10_input.maybe_download_and_extract(sample.dir)  # the official md5
 
 
-def test_own_copy_record_counts_are_printed(tmp_path, capsys):
-  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=8)
-  cifar10_input.maybe_download_and_extract(str(tmp_path), data_md5=md5)
+def test_own_copy_record_counts_are_printed(sample, capsys):
+  before = helpers.modes(sample.dir)
+  cifar10_input.maybe_download_and_extract(sample.dir, data_md5=sample.md5)
   out = capsys.readouterr().out
-  assert 'CIFAR-10 copy with md5 %s in %s: data_batch_1.bin 8 records' % (
-      md5, cifar10_input.batches_dir(str(tmp_path))) in out
-  assert 'test_batch.bin 8 records' in out
+  assert 'CIFAR-10 copy with md5 %s in %s: data_batch_1.bin 40 records' % (
+      sample.md5, cifar10_input.batches_dir(sample.dir)) in out
+  assert 'test_batch.bin 40 records' in out
+  assert helpers.modes(sample.dir) == before  # the shared sample: nothing added or removed
 
 
 @pytest.mark.parametrize('damage', ['missing', 'short'])
@@ -307,7 +318,7 @@ def test_damaged_extracted_file_extracted_again_from_verified_archive(tmp_path, 
   out = capsys.readouterr().out
   assert 'data_batch_2.bin' in out and 'Extracting it again from the verified archive' in out
   assert open(path, 'rb').read() == original
-  assert _tree(tmp_path) == sorted(['cifar-10-binary.tar.gz'] + [
+  assert helpers.tree(tmp_path) == sorted(['cifar-10-binary.tar.gz'] + [
       os.path.join(cifar10_input.BATCHES_DIR, f)
       for f in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES])
 

@@ -5,10 +5,10 @@ from the manifest, which is written as plain block lists for that reason.
 """
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TFJOB = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob.yaml')
@@ -60,22 +60,20 @@ def flags_of(argv):
   return [FLAG.match(word).group(1) for word in argv if word.startswith('--')]
 
 
+def unknown_flags(argv, known_flags):
+  """The flags argv names that its program (argv[1]) does not take, in order."""
+  return [flag for flag in flags_of(argv) if flag not in known_flags[argv[1]]]
+
+
 @pytest.fixture(scope='module')
-def known_flags():
-  """{'dist_train.py': its flag names, 'cifar10_eval.py': its flag names}."""
-  # cifar10_eval.py defines --data_dir and others again: its own process, started
-  # first so that it imports TensorFlow while this process does.
-  evaluator = subprocess.Popen(
-      [sys.executable, '-c', 'import cifar10_eval; from absl import flags; '
-       'print("\\n".join(flags.FLAGS))'],
-      cwd=ROOT, stdout=subprocess.PIPE, text=True)
-  from absl import flags
-  import dist_train  # defines its flags, and multi_gpu_train's, in absl's FLAGS
-  del dist_train
-  out, _ = evaluator.communicate(timeout=120)
-  assert evaluator.returncode == 0
-  return {'dist_train.py': set(flags.FLAGS),
-          'cifar10_eval.py': set(out.split())}
+def known_flags(helpshort):
+  """{'dist_train.py': the flags it lists, 'cifar10_eval.py': the flags it lists}.
+
+  Each program's own --helpshort (tests/test_first_run.py checks that it lists every
+  flag the program accepts and no other), not the flags this process happens to hold.
+  """
+  return {program: helpers.listed_flags(helpshort(program).out)
+          for program in ('dist_train.py', 'cifar10_eval.py')}
 
 
 def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
@@ -97,25 +95,26 @@ def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
           [c for c in specs['Evaluator']['command'] if c.startswith('--max_steps=')])
 
 
+@pytest.mark.xdist_group('helpshort')
 def test_tfjob_manifest_names_only_flags_the_programs_take(known_flags):
   with open(TFJOB) as f:
     specs = replica_specs(f.read())
   for name, spec in specs.items():
-    known = known_flags[spec['command'][1]]
-    named = flags_of(spec['command'])
-    assert named, name
-    assert [flag for flag in named if flag not in known] == [], name
+    assert flags_of(spec['command']), name
+    assert unknown_flags(spec['command'], known_flags) == [], name
 
 
+@pytest.mark.xdist_group('helpshort')
 def test_sbatch_script_one_srun_step_names_only_dist_train_flags(known_flags):
   with open(SBATCH) as f:
     text = f.read()
   assert len(re.findall(r'^\s*srun ', text, re.M)) == 1
   argv = sbatch_command(text)
   assert argv[:4] == ['python', 'dist_train.py', '--cluster=slurm', '--num_ps=1']
-  assert [flag for flag in flags_of(argv) if flag not in known_flags['dist_train.py']] == []
+  assert unknown_flags(argv, known_flags) == []
 
 
+@pytest.mark.xdist_group('helpshort')
 def test_flag_reader_catches_an_unknown_flag(known_flags):
   # The checks above would pass on anything if the reader found no flags.
   argv = sbatch_command('srun --label \\\n  python dist_train.py --num_gpu=4 --train_dir=/x\n')
@@ -130,6 +129,18 @@ def test_flag_reader_catches_an_unknown_flag(known_flags):
                         '              volumeMounts:\n                - name: shared\n')
   assert specs == {'PS': {'command': ['python', 'dist_train.py', '--bogus=1'],
                           'restartPolicy': 'ExitCode', 'container': 'tensorflow'}}
+
+
+@pytest.mark.xdist_group('helpshort')
+def test_flag_check_refuses_a_flag_only_the_other_program_takes(known_flags):
+  # The evaluator's --checkpoint_dir given to dist_train.py, the trainer's --num_gpus
+  # given to cifar10_eval.py: each is a real flag, of the wrong program.
+  assert 'checkpoint_dir' in known_flags['cifar10_eval.py']
+  assert 'num_gpus' in known_flags['dist_train.py']
+  assert unknown_flags(['python', 'dist_train.py', '--cluster=tf_config',
+                        '--checkpoint_dir=/shared/train'], known_flags) == ['checkpoint_dir']
+  assert unknown_flags(['python', 'cifar10_eval.py', '--run_once', '--num_gpus=2'],
+                       known_flags) == ['num_gpus']
 
 
 def test_dockerfile_python_311_slim_installs_requirements_then_copies_repo():

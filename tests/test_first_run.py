@@ -1,138 +1,229 @@
-"""What a new user meets first: the sample data set, the help text, a clean start-up."""
+"""What a new user meets first: the sample data set, the help text, a clean start-up.
+
+Each sample's first run (write it, run the commands it prints) happens once, in a
+module fixture; the tests below read what it printed and wrote.
+"""
 import glob
+import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_SECS = 120
+import cifar10_input
+import helpers
+import mnist_input
+
+ROOT = helpers.ROOT
+HAS_GPU_DRIVER = bool(glob.glob('/dev/nvidia[0-9]*'))
 
 
-def _run(argv):
-  done = subprocess.run([sys.executable] + argv, capture_output=True, text=True,
-                        timeout=TIMEOUT_SECS, cwd=ROOT)
-  return done.returncode, done.stdout, done.stderr
+def _printed_commands(out):
+  """The `  python ...` lines a --write_sample run prints, as argv without `python`."""
+  return [shlex.split(line.strip())[1:] for line in out.splitlines()
+          if line.startswith('  python ')]
 
 
-def test_write_sample_cli_writes_real_layout_and_its_commands_run(tmp_path):
-  sample_dir = tmp_path / 'sample'
-  code, out, err = _run(['cifar10_input.py', '--write_sample=%s' % sample_dir,
-                         '--records_per_file=20'])
-  assert code == 0, err
+def _assert_ok(run, *expected):
+  assert run.code == 0 and all(e in run.out for e in expected), run.log()
+
+
+def _error_lines(err):
+  """The stderr lines a user would take for an error (TensorFlow's I-lines are not)."""
+  return [line for line in err.splitlines() if not re.match(r'I\d{4} ', line) and
+          (re.match(r'E\d{4} ', line) or 'cuInit' in line or 'rror' in line)]
+
+
+# ---- CIFAR-10: python cifar10_input.py --write_sample=DIR, then what it prints ----------
+
+@pytest.fixture(scope='module')
+def cifar10_first_run(tmp_path_factory):
+  """The sample written by the command line, its printed commands run (the trainer's
+  steps cut to 2: the last --max_steps given wins). Returns (sample dir, {name: Run})."""
+  sample_dir = tmp_path_factory.mktemp('first_run') / 'sample'
+  runs = {'write': helpers.run(['cifar10_input.py', '--write_sample=%s' % sample_dir,
+                                '--records_per_file=20'])}
+  _assert_ok(runs['write'])
+  train, evaluate, dist = _printed_commands(runs['write'].out)
+  runs['train'] = helpers.run(train + ['--max_steps=2', '--batch_size=8'])
+  runs['eval'] = helpers.run(evaluate)
+  runs['dist'] = helpers.run(dist + ['--only_check_args'])
+  return sample_dir, runs
+
+
+@pytest.mark.xdist_group('first_run_cifar10')
+def test_write_sample_cli_writes_real_layout(cifar10_first_run):
+  sample_dir, _ = cifar10_first_run
   names = sorted(os.listdir(sample_dir / 'cifar-10-batches-bin'))
   assert names == ['data_batch_%d.bin' % i for i in range(1, 6)] + ['test_batch.bin']
   for name in names:
     data = (sample_dir / 'cifar-10-batches-bin' / name).read_bytes()
     assert len(data) == 20 * 3073 and max(data[::3073]) <= 9  # 20 records, labels 0..9
 
-  # The commands it prints run as printed (the trainer's steps cut to 2: the last
-  # --max_steps given wins).
-  train, evaluate, dist = [shlex.split(line.strip())[1:] for line in out.splitlines()
-                           if line.startswith('  python ')]
-  assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
-  code, out, err = _run(train + ['--max_steps=2', '--batch_size=8'])
-  assert code == 0 and 'step 1, loss = ' in out and 'model.ckpt-2' in out, err
-  code, out, err = _run(evaluate)
-  assert code == 0 and 'precision @ 1 = ' in out and '20 test records' in out, err
-  _assert_dist_line_parses(dist, train)
 
-  # A second sample into the same directory overwrites nothing.
+@pytest.mark.slow
+@pytest.mark.xdist_group('first_run_cifar10')
+def test_write_sample_cli_printed_commands_run(cifar10_first_run):
+  _, runs = cifar10_first_run
+  train, evaluate, dist = _printed_commands(runs['write'].out)
+  assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
+  _assert_ok(runs['train'], 'step 1, loss = ', 'model.ckpt-2')
+  _assert_ok(runs['eval'], 'precision @ 1 = ', '20 test records')
+  _assert_dist_line_parses(dist, train, runs['dist'])
+  # The check bites: absl's --only_check_args refuses an unknown flag (once for both
+  # samples' lines: it is absl's parser that is checked here, not the line).
+  bogus = helpers.run(dist + ['--no_such_flag=1', '--only_check_args'])
+  assert bogus.code == 1 and 'no_such_flag' in bogus.err, bogus.log()
+
+
+@pytest.mark.xdist_group('first_run_cifar10')
+def test_write_sample_cli_second_sample_into_same_directory_overwrites_nothing(
+    cifar10_first_run, capsys):
+  sample_dir, _ = cifar10_first_run
   before = {p: os.path.getmtime(p) for p in glob.glob(str(sample_dir / '**'),
                                                       recursive=True)}
-  code, out, err = _run(['cifar10_input.py', '--write_sample=%s' % sample_dir])
-  assert code == 1 and 'already exists; nothing was written' in err, err
+  # The command line's own parser and exit, in this process: `python cifar10_input.py`
+  # runs main() (the fixture's run shows it), and sys.exit('error: ...') exits 1.
+  with pytest.raises(SystemExit) as e:
+    cifar10_input.main(['--write_sample=%s' % sample_dir])
+  assert 'already exists; nothing was written' in str(e.value.code), e.value.code
+  assert str(e.value.code).startswith('error: ') and capsys.readouterr().out == ''
   assert {p: os.path.getmtime(p) for p in before} == before
 
 
-def test_mnist_write_sample_cli_commands_run(tmp_path):
-  sample_dir = tmp_path / 'mnist'
-  code, out, err = _run(['mnist_input.py', '--write_sample=%s' % sample_dir,
-                         '--train_records=500', '--test_records=100'])
-  assert code == 0, err
+@pytest.mark.skipif(HAS_GPU_DRIVER, reason='this machine has a GPU driver: the line is a '
+                    'real error here, and is shown')
+def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
+  # --synthetic: the GPU driver's lines are the subject. On real data, oneDNN without
+  # AVX-512 also logs an E-line (DT_UINT8 falls back to Eigen): a matter of its own.
+  done = helpers.run(['multi_gpu_train.py', '--synthetic', '--max_steps=1', '--batch_size=8',
+                      '--train_dir=%s' % tmp_path])
+  assert done.code == 0 and 'step 1, loss = ' in done.out, done.log()
+  # TensorFlow's own I-lines are information (oneDNN's notice speaks of round-off errors).
+  assert not _error_lines(done.err), done.log()
+
+
+# ---- MNIST: python mnist_input.py --write_sample=DIR, then what it prints -----------------
+
+@pytest.fixture(scope='module')
+def mnist_first_run(tmp_path_factory):
+  sample_dir = tmp_path_factory.mktemp('first_run') / 'mnist'
+  runs = {'write': helpers.run(['mnist_input.py', '--write_sample=%s' % sample_dir,
+                                '--train_records=500', '--test_records=100'])}
+  _assert_ok(runs['write'])
+  train, evaluate, dist = _printed_commands(runs['write'].out)
+  runs['train'] = helpers.run(train + ['--max_steps=100'])
+  runs['eval'] = helpers.run(evaluate)
+  runs['dist'] = helpers.run(dist + ['--only_check_args'])
+  return sample_dir, runs
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('first_run_mnist')
+def test_mnist_write_sample_cli_commands_run(mnist_first_run):
+  sample_dir, runs = mnist_first_run
   assert sorted(os.listdir(sample_dir)) == ['test.tfrecords', 'train.tfrecords']
-  train, evaluate, dist = [shlex.split(line.strip())[1:] for line in out.splitlines()
-                           if line.startswith('  python ')]
+  train, evaluate, dist = _printed_commands(runs['write'].out)
   assert train[:2] == ['multi_gpu_train.py', '--dataset=mnist'] and evaluate[0] == 'mnist_eval.py'
-  code, out, err = _run(train + ['--max_steps=100'])
-  assert code == 0 and 'step 100, loss = ' in out, err
-  code, out, err = _run(evaluate)
-  assert code == 0 and 'precision @ 1 = ' in out and '100 test records' in out, err
-  _assert_dist_line_parses(dist, train)
+  _assert_ok(runs['train'], 'step 100, loss = ')
+  _assert_ok(runs['eval'], 'precision @ 1 = ', '100 test records')
+  _assert_dist_line_parses(dist, train, runs['dist'])
 
 
-def _assert_dist_line_parses(dist, train):
+def _assert_dist_line_parses(dist, train, checked):
   """The printed dist_train.py line: the same data, its own --train_dir, flags that parse.
 
-  absl's --only_check_args parses every flag and exits before main, so no cluster
-  (four TensorFlow processes) is started here.
+  checked: the Run of the line with --only_check_args: absl parses every flag and
+  exits before main, so no cluster (four TensorFlow processes) is started.
   """
   assert dist[:1] == ['dist_train.py'] and '--local_cluster=1,2' in dist, dist
   assert [a for a in dist if a.startswith('--data')] == [a for a in train
                                                          if a.startswith('--data')]
   assert [a for a in dist if a.startswith('--train_dir=')] != [
       a for a in train if a.startswith('--train_dir=')]  # it would resume the other run
-  code, out, err = _run(dist + ['--only_check_args'])
-  assert code == 0, err
-  code, out, err = _run(dist + ['--no_such_flag=1', '--only_check_args'])  # the check bites
-  assert code == 1 and 'no_such_flag' in err, err
+  assert checked.code == 0, checked.log()
 
 
-@pytest.mark.parametrize('script', ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py',
-                                    'mnist_eval.py'])
-def test_helpshort_shows_the_docstring_verbatim(script):
+# ---- The help text ---------------------------------------------------------------------
+
+PROGRAMS = ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py', 'mnist_eval.py']
+
+
+@pytest.mark.xdist_group('helpshort')
+@pytest.mark.parametrize('script', PROGRAMS)
+def test_helpshort_shows_the_docstring_verbatim(script, helpshort):
   with open(os.path.join(ROOT, script)) as f:
     as_written = f.read().split('"""')[1]  # the source text: a '\\' line end stays one
-  _, out, _ = _run([script, '--helpshort'])  # absl's help exits 1
+  out = helpshort(script).out  # absl's help exits 1
   assert as_written.strip() in out, out  # no '%' read as a format, no lost line breaks
 
 
-def _project_flags(module):
-  """Names of the absl flags the project's own modules define once `module` is imported."""
-  code = ('import sys; sys.argv = ["x"]; import %s; from absl import flags; '
-          'print(" ".join(f.name for m, fs in flags.FLAGS.flags_by_module_dict().items() '
-          'if __import__("os").path.exists(m.split(".")[0] + ".py") for f in fs))' % module)
-  code, out, err = _run(['-c', code])
-  assert code == 0, err
-  return set(out.split())
+# One Python and one TensorFlow import for every program: each is imported in turn,
+# the absl flags the project's own modules define are noted, and they are removed
+# (flags and modules) before the next, which defines its own as in a fresh process.
+_ACCEPTED_FLAGS = '''
+import json, os, sys
+from absl import flags
+programs, sys.argv = sys.argv[1:], ["x"]
+def ours(module):
+  return os.path.exists(module.split(".")[0] + ".py")
+found = {}
+for program in programs:
+  __import__(program)
+  own = {f.name for m, fs in flags.FLAGS.flags_by_module_dict().items() if ours(m) for f in fs}
+  found[program] = {"project": sorted(own), "all": sorted(flags.FLAGS)}
+  for name in own:
+    delattr(flags.FLAGS, name)
+  for module in [m for m in sys.modules if ours(m)]:
+    del sys.modules[module]
+print(json.dumps(found))
+'''
 
 
+@pytest.fixture(scope='module')
+def accepted_flags():
+  """{'cifar10_eval': {'project': [the flags the project defines once it is imported],
+  'all': [every flag absl then accepts]}, ...}, one process for all the programs."""
+  names = [script[:-3] for script in PROGRAMS if script != 'dist_train.py']
+  done = helpers.run([sys.executable, '-c', _ACCEPTED_FLAGS] + names)
+  assert done.code == 0, done.log()
+  return {name: {kind: set(flags) for kind, flags in found.items()}
+          for name, found in json.loads(done.out).items()}
+
+
+@pytest.mark.xdist_group('helpshort')
 @pytest.mark.parametrize('script', ['cifar10_eval.py', 'mnist_eval.py', 'multi_gpu_train.py'])
-def test_helpshort_lists_every_flag_the_program_accepts_and_no_other(script):
-  accepted = _project_flags(script[:-3])
-  _, out, _ = _run([script, '--helpshort'])
-  listed = set(re.findall(r'^  --(?:\[no\])?(\w+)', out, re.M))
+def test_helpshort_lists_every_flag_the_program_accepts_and_no_other(script, helpshort,
+                                                                   accepted_flags):
+  accepted = accepted_flags[script[:-3]]['project']
+  listed = helpers.listed_flags(helpshort(script).out)
   assert accepted and listed == accepted, (sorted(accepted - listed), sorted(listed - accepted))
 
 
-def test_mnist_eval_has_no_data_md5_flag():
-  code, _, err = _run(['mnist_eval.py', '--data_md5=0123', '--run_once'])
-  assert code == 1 and "Unknown command line flag 'data_md5'" in err, err
+@pytest.mark.xdist_group('helpshort')
+def test_mnist_eval_has_no_data_md5_flag(accepted_flags):
+  # No module of mnist_eval's process defines it, so absl refuses it (`Unknown command
+  # line flag 'data_md5'`); cifar10_eval's, run the same way, does define it.
+  assert 'data_md5' not in accepted_flags['mnist_eval']['all']
+  assert 'data_md5' in accepted_flags['cifar10_eval']['all']
+  assert 'checkpoint_dir' in accepted_flags['mnist_eval']['all']
 
 
-@pytest.mark.parametrize('script, options', [
-    ('cifar10_input.py', {'write_sample': 'directory to write', 'records_per_file': 'records in'}),
-    ('mnist_input.py', {'write_sample': 'directory to write', 'train_records': 'records in train',
-                        'test_records': 'records in test'})])
-def test_input_module_help_describes_every_option(script, options):
-  code, out, err = _run([script, '--help'])
-  assert code == 0, err
+@pytest.mark.parametrize('module, options', [
+    (cifar10_input, {'write_sample': 'directory to write', 'records_per_file': 'records in'}),
+    (mnist_input, {'write_sample': 'directory to write', 'train_records': 'records in train',
+                   'test_records': 'records in test'})], ids=['cifar10_input', 'mnist_input'])
+def test_input_module_help_describes_every_option(module, options, capsys, monkeypatch):
+  # The command line's own parser (main(argv)), in this process, at the width a
+  # terminal-less run gets; the write-sample fixtures run the modules as programs.
+  monkeypatch.setenv('COLUMNS', '80')
+  with pytest.raises(SystemExit) as e:
+    module.main(['--help'])
+  out = capsys.readouterr().out
+  assert e.value.code == 0, out
   described = dict(re.findall(r'^  --(\w+)[^\n]*?(?:\n +|  +)(\w[^\n]*)', out, re.M))
   assert set(re.findall(r'^  --(\w+)', out, re.M)) == set(options), out
   for name, words in options.items():
     assert described.get(name, '').startswith(words), (name, out)
-
-
-@pytest.mark.skipif(bool(glob.glob('/dev/nvidia[0-9]*')), reason='this machine has a GPU '
-                    'driver: the line is a real error here, and is shown')
-def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
-  code, out, err = _run(['multi_gpu_train.py', '--synthetic', '--max_steps=1',
-                         '--batch_size=8', '--train_dir=%s' % tmp_path])
-  assert code == 0, err
-  assert 'step 1, loss = ' in out
-  # TensorFlow's own I-lines are information (oneDNN's notice speaks of round-off errors).
-  assert not [line for line in err.splitlines() if not re.match(r'I\d{4} ', line) and
-              (re.match(r'E\d{4} ', line) or 'cuInit' in line or 'rror' in line)], err

@@ -6,26 +6,23 @@ batches are tiny. The toy run at the end measures that float16 learns:
     python -m pytest tests/test_mixed_precision.py -q -s -k toy_run
 """
 import collections
-import glob
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 import cifar10
-import conftest
+import cifar10_input
+import evaluation
+import helpers
 import mixed_precision
 import mnist
 import mnist_input
 import multi_gpu_train
 from multi_gpu_train import average_gradients, tower_loss
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_TOWERS = 2
 FP16_MNIST_PRECISION_GATE = 0.8   # float32's gate in tests/test_mnist.py; measured: see the test
 CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': NUM_TOWERS})  # /cpu:0, /cpu:1
@@ -383,22 +380,15 @@ def test_fp16_toy_run_two_towers_learns_like_float32(tmp_path):
 # MNIST's matmuls are cheap in float16 on this CPU; CIFAR-10's convolutions are not
 # (about 2 s a step of 2 x 32 here): the CIFAR-10 runs below are a few tiny steps.
 
-SKIP_LINE = re.compile(r'^\S+ \S+: step (\d+) skipped: gradients overflowed at loss scale '
-                       r'(\S+); scale now (\S+)$', re.M)
-LOSS_LINE = re.compile(r'^\S+ \S+: (step \d+, loss = \S+) \(', re.M)
-PRECISION = re.compile(r'precision @ 1 = (\d\.\d{3}) \(global step (\d+), (\d+) test records')
+def _skips(out):
+  """(step, scale, new scale) of each `step N skipped` line, as strings."""
+  return [m.groups() for m in helpers.matches(helpers.SKIP_LINE, out.splitlines())]
 
 
-@pytest.fixture(scope='module')
-def mnist_sample(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('mnist'))
-  mnist_input.write_sample(path, train_records=2000, test_records=500)
-  return path
-
-
-@pytest.fixture(scope='module')
-def cifar10_sample(tmp_path_factory):
-  return conftest.write_sample(tmp_path_factory.mktemp('cifar10'), records_per_file=40)
+def _step_losses(out):
+  """'step N, loss = X' of each loss line: what two runs of one seed print alike."""
+  return [m.group(0).split(': ', 1)[1].split(' (')[0]
+          for m in helpers.matches(helpers.LOSS_LINE, out.splitlines())]
 
 
 def _train(train_dir, data_dir, dataset='mnist', data_md5=None, **kwargs):
@@ -409,21 +399,19 @@ def _train(train_dir, data_dir, dataset='mnist', data_md5=None, **kwargs):
                                                  data_md5=data_md5, **settings))
 
 
-def _evaluate(program, train_dir, data_flags, eval_dir):
-  """Runs cifar10_eval.py or mnist_eval.py --run_once; returns (precision, global step)."""
-  done = subprocess.run([sys.executable, program, '--run_once', '--checkpoint_dir=%s' % train_dir,
-                         '--eval_dir=%s' % eval_dir] + data_flags, capture_output=True,
-                        text=True, timeout=180, cwd=ROOT)
-  assert done.returncode == 0, done.stdout + done.stderr
-  precision, step, _ = PRECISION.search(done.stdout).groups()
-  return float(precision), int(step)
+def _evaluate(train_dir, data_dir, model=mnist, data_input=mnist_input):
+  """What cifar10_eval.py and mnist_eval.py --run_once score, in this process.
+
+  Returns:
+    (precision @ 1 of the latest checkpoint's moving averages, its global step).
+  """
+  precision, _, _, step = evaluation.evaluate(
+      tf.train.latest_checkpoint(str(train_dir)), data_dir, 'test', 128, True, model,
+      data_input)
+  return precision, step
 
 
-def _checkpoint(train_dir):
-  reader = tf.train.load_checkpoint(str(train_dir))
-  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
-
-
+@pytest.mark.slow
 def test_trainer_fp16_mnist_two_towers_learns_sample_like_float32(mnist_sample, tmp_path,
                                                                    capsys):
   """tests/test_mnist.py's learning run (2 x 100, 200 steps, seed 1), in fp16."""
@@ -432,32 +420,21 @@ def test_trainer_fp16_mnist_two_towers_learns_sample_like_float32(mnist_sample, 
   out = capsys.readouterr().out
   assert ('float16 towers, float32 variables; dynamic loss scale from 32768 (a resumed run '
           'keeps its own), doubled after 2000 clean steps, halved on an overflow') in out
-  skips = SKIP_LINE.findall(out)
+  skips = _skips(out)
   print(out[out.index('Starting from'):])
-  precision, step = _evaluate('mnist_eval.py', tmp_path / 'train',
-                              ['--data_dir=' + mnist_sample], tmp_path / 'eval')
+  precision, step = _evaluate(tmp_path / 'train', mnist_sample)
   print('fp16 precision @ 1 = %.3f at step %d, %d steps skipped' % (precision, step,
                                                                       len(skips)))
   # Measured: fp16 0.892, float32 0.884 (the same run). Chance 0.1; the labels cap it at 0.98.
   assert precision >= FP16_MNIST_PRECISION_GATE and step == 200
   # The pixels are 0..255: the first steps overflow at 32768 and the scale settles lower.
   assert skips and skips[0][1:] == ('32768', '16384')
-  checkpoint = _checkpoint(tmp_path / 'train')
+  checkpoint = helpers.checkpoint(tmp_path / 'train')
   assert checkpoint['loss_scale/skipped_steps'] == len(skips) and checkpoint['global_step'] == 200
   assert checkpoint['layer1/weights'].dtype == np.float32
-  scales = _scalars(tmp_path / 'train', '2_training/loss_scale')
+  scales = helpers.scalars(tmp_path / 'train', '2_training/loss_scale')
   # Step 0's summary is of its applied try, after 8 skips: 32768 / 2^8.
   assert scales[0] == 128.0 and scales[200] == checkpoint['loss_scale/scale']
-
-
-def _scalars(train_dir, tag):
-  """{step: value} of a scalar summary in the directory's event files."""
-  values = {}
-  for path in glob.glob(os.path.join(str(train_dir), 'events.out.tfevents.*')):
-    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
-    events.Reload()
-    values.update((e.step, e.value) for e in events.Scalars(tag))
-  return values
 
 
 def test_trainer_fp16_overflow_skips_step_variables_untouched_scale_halved(monkeypatch):
@@ -494,12 +471,12 @@ def test_trainer_fp16_skipped_steps_logged_not_counted_batches_consumed(mnist_sa
   monkeypatch.setattr(mixed_precision, 'INITIAL_LOSS_SCALE', 2.0 ** 20)
   _train(tmp_path, mnist_sample, max_steps=3)
   out = capsys.readouterr().out
-  skips = SKIP_LINE.findall(out)
+  skips = _skips(out)
   assert skips[:3] == [('1', '1.04858e+06', '524288'), ('1', '524288', '262144'),
                        ('1', '262144', '131072')], out
-  assert [line for line in LOSS_LINE.findall(out)][0].startswith('step 1, ')
-  assert [int(s.split()[1].rstrip(',')) for s in LOSS_LINE.findall(out)] == [1, 2, 3]
-  checkpoint = _checkpoint(tmp_path)
+  assert _step_losses(out)[0].startswith('step 1, ')
+  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [1, 2, 3]
+  checkpoint = helpers.checkpoint(tmp_path)
   assert checkpoint['global_step'] == 3
   assert checkpoint['loss_scale/skipped_steps'] == len(skips)
   assert mixed_precision.checkpoint_skipped_steps(
@@ -508,16 +485,15 @@ def test_trainer_fp16_skipped_steps_logged_not_counted_batches_consumed(mnist_sa
 
 @pytest.mark.parametrize('dataset', ['mnist', 'cifar10'])
 def test_trainer_fp16_same_seed_twice_identical_loss_lines_and_checkpoints(
-    mnist_sample, cifar10_sample, tmp_path, capsys, dataset):
+    mnist_sample, sample, tmp_path, capsys, dataset):
   data = (dict(data_dir=mnist_sample) if dataset == 'mnist' else
-          dict(data_dir=cifar10_sample.dir, data_md5=cifar10_sample.md5, batch_size=2,
-               max_steps=3))
+          dict(data_dir=sample.dir, data_md5=sample.md5, batch_size=2, max_steps=3))
   lines = []
   for name in ('a', 'b'):
     _train(tmp_path / name, dataset=dataset, **data)
-    lines.append(LOSS_LINE.findall(capsys.readouterr().out) )
+    lines.append(_step_losses(capsys.readouterr().out))
   assert len(lines[0]) == (4 if dataset == 'mnist' else 3) and lines[0] == lines[1]
-  a, b = _checkpoint(tmp_path / 'a'), _checkpoint(tmp_path / 'b')
+  a, b = helpers.checkpoint(tmp_path / 'a'), helpers.checkpoint(tmp_path / 'b')
   assert 'loss_scale/scale' in a and a.keys() == b.keys()
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
@@ -527,13 +503,13 @@ def test_trainer_fp16_resumed_after_skips_equals_uninterrupted(mnist_sample, tmp
   """The first steps overflow (MNIST's 0..255 pixels at 32768): the resumed input
   must start past the batches they consumed."""
   _train(tmp_path / 'whole', mnist_sample, max_steps=6)
-  whole = LOSS_LINE.findall(capsys.readouterr().out)
+  whole = _step_losses(capsys.readouterr().out)
   _train(tmp_path / 'parts', mnist_sample, max_steps=3)
-  skipped = _checkpoint(tmp_path / 'parts')['loss_scale/skipped_steps']
+  skipped = helpers.checkpoint(tmp_path / 'parts')['loss_scale/skipped_steps']
   _train(tmp_path / 'parts', mnist_sample, max_steps=6)
-  parts = LOSS_LINE.findall(capsys.readouterr().out)
-  assert skipped > 0 and parts == whole
-  a, b = _checkpoint(tmp_path / 'whole'), _checkpoint(tmp_path / 'parts')
+  parts = _step_losses(capsys.readouterr().out)
+  assert skipped > 0 and parts == whole and len(whole) == 6
+  a, b = helpers.checkpoint(tmp_path / 'whole'), helpers.checkpoint(tmp_path / 'parts')
   assert a.keys() == b.keys()
   for name in a:
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
@@ -542,40 +518,35 @@ def test_trainer_fp16_resumed_after_skips_equals_uninterrupted(mnist_sample, tmp
 def test_trainer_float32_checkpoint_resumed_in_fp16_then_evaluated(mnist_sample, tmp_path,
                                                                     capsys):
   _train(tmp_path / 'train', mnist_sample, max_steps=3, use_fp16=False)
-  assert 'loss_scale/scale' not in _checkpoint(tmp_path / 'train')
+  assert 'loss_scale/scale' not in helpers.checkpoint(tmp_path / 'train')
   _train(tmp_path / 'train', mnist_sample, max_steps=6)
   out = capsys.readouterr().out
   assert re.search(r'model\.ckpt-3 holds no loss scale \(a float32 run\'s\): it starts at '
                    r'32768\n', out), out
-  checkpoint = _checkpoint(tmp_path / 'train')
+  checkpoint = helpers.checkpoint(tmp_path / 'train')
   assert checkpoint['global_step'] == 6 and 'loss_scale/scale' in checkpoint
-  assert _evaluate('mnist_eval.py', tmp_path / 'train', ['--data_dir=' + mnist_sample],
-                   tmp_path / 'eval')[1] == 6
+  assert _evaluate(tmp_path / 'train', mnist_sample)[1] == 6
 
 
-def test_trainer_fp16_checkpoint_resumed_in_float32_then_evaluated(cifar10_sample, tmp_path,
-                                                                    capsys):
-  common = dict(data_dir=cifar10_sample.dir, data_md5=cifar10_sample.md5, dataset='cifar10',
-                batch_size=2)
+def test_trainer_fp16_checkpoint_resumed_in_float32_then_evaluated(sample, tmp_path, capsys):
+  common = dict(data_dir=sample.dir, data_md5=sample.md5, dataset='cifar10', batch_size=2)
   _train(tmp_path / 'train', max_steps=2, **common)
-  saved = _checkpoint(tmp_path / 'train')
+  saved = helpers.checkpoint(tmp_path / 'train')
   assert 'loss_scale/scale' in saved and saved['conv1/weights'].dtype == np.float32
-  data_flags = ['--data_dir=' + cifar10_sample.dir, '--data_md5=' + cifar10_sample.md5]
-  assert _evaluate('cifar10_eval.py', tmp_path / 'train', data_flags, tmp_path / 'e1')[1] == 2
+  assert _evaluate(tmp_path / 'train', sample.dir, cifar10, cifar10_input)[1] == 2
   _train(tmp_path / 'train', max_steps=4, use_fp16=False, **common)
   out = capsys.readouterr().out
   assert 'Resuming from %s at step 2' % (tmp_path / 'train' / 'model.ckpt-2') in out
   assert 'float16 towers' not in out.split('Resuming')[1]
-  assert _evaluate('cifar10_eval.py', tmp_path / 'train', data_flags, tmp_path / 'e2')[1] == 4
+  assert _evaluate(tmp_path / 'train', sample.dir, cifar10, cifar10_input)[1] == 4
   # The float32 run's checkpoint keeps no loss scale: a float32 graph does not hold one.
-  assert 'loss_scale/scale' not in _checkpoint(tmp_path / 'train')
+  assert 'loss_scale/scale' not in helpers.checkpoint(tmp_path / 'train')
 
 
 def test_trainer_fp16_with_async_towers_refused_naming_why(tmp_path):
-  done = subprocess.run([sys.executable, 'multi_gpu_train.py', '--use_fp16', '--async_towers',
-                         '--train_dir=%s' % tmp_path, '--synthetic'],
-                        capture_output=True, text=True, timeout=120, cwd=ROOT)
-  assert done.returncode == 1 and 'Traceback' not in done.stderr
+  done = helpers.run(['multi_gpu_train.py', '--use_fp16', '--async_towers',
+                      '--train_dir=%s' % tmp_path, '--synthetic'])
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
   assert 'error: --use_fp16 cannot train --async_towers: the towers share one loss scale' in (
-      done.stderr)
+      done.err), done.log()
   assert os.listdir(tmp_path) == []

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import conftest
+import helpers
 import mnist_input
-from test_cifar10_input import _serve, _tree
 
 
 def _idx(magic, array):
@@ -50,7 +49,7 @@ def test_download_served_idx_files_converted_to_tfrecords(tmp_path, monkeypatch,
   served, data_dir = tmp_path / 'served', tmp_path / 'data'
   served.mkdir()
   _serve_idx(served, monkeypatch)
-  with _serve(served) as url:
+  with helpers.serve(served) as url:
     counts = mnist_input.maybe_download_and_convert(str(data_dir), url)
   assert counts == {'train.tfrecords': 30, 'test.tfrecords': 10}
   out = capsys.readouterr().out
@@ -75,17 +74,17 @@ def test_downloaded_and_converted_files_get_the_umask_mode(tmp_path, monkeypatch
   served, data_dir = tmp_path / 'served', tmp_path / 'data'
   served.mkdir()
   _serve_idx(served, monkeypatch)
-  with _serve(served) as url, conftest.umask(mask):
+  with helpers.serve(served) as url, helpers.umask(mask):
     mnist_input.maybe_download_and_convert(str(data_dir), url)
-  assert conftest.modes(data_dir) == {name: file_mode for name in list(mnist_input.SOURCES) +
+  assert helpers.modes(data_dir) == {name: file_mode for name in list(mnist_input.SOURCES) +
                                       ['test.tfrecords', 'train.tfrecords']}
 
 
 @pytest.mark.parametrize('mask, file_mode', [(0o022, 0o644), (0o002, 0o664)])
 def test_write_sample_files_get_the_umask_mode(tmp_path, mask, file_mode):
-  with conftest.umask(mask):
+  with helpers.umask(mask):
     mnist_input.write_sample(str(tmp_path / 'sample'), train_records=20, test_records=5)
-  assert conftest.modes(tmp_path) == {'sample': 0o777 & ~mask,
+  assert helpers.modes(tmp_path) == {'sample': 0o777 & ~mask,
                                       'sample/train.tfrecords': file_mode,
                                       'sample/test.tfrecords': file_mode}
 
@@ -100,10 +99,10 @@ def test_download_bad_idx_file_refused_no_record_file_written(tmp_path, monkeypa
   served, data_dir = tmp_path / 'served', tmp_path / 'data'
   served.mkdir()
   _serve_idx(served, monkeypatch, damage=damage)
-  with _serve(served) as url, pytest.raises(mnist_input.DataError, match=says):
+  with helpers.serve(served) as url, pytest.raises(mnist_input.DataError, match=says):
     mnist_input.maybe_download_and_convert(str(data_dir), url)
   split = 'test.tfrecords' if damage == 'truncated' else 'train.tfrecords'
-  written = _tree(data_dir)
+  written = helpers.tree(data_dir)
   assert split not in written and not [f for f in written if f.endswith('.part')], written
 
 
