@@ -169,6 +169,10 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         relay.show_held()
         print('local cluster: %s exited with %d; stopping the other tasks'
               % (failed[0], ended[failed[0]]), flush=True)
+        # Last, so that a log cut to its end still says why (the held lines come before).
+        error = relay.last_error(failed[0])
+        if error:
+          print('local cluster: %s said: %s' % (failed[0], error), flush=True)
         return 1
       if len(ended) == len(tasks):
         print('local cluster: all %d workers finished, then the %d ps task(s) by themselves'
@@ -228,15 +232,16 @@ class Relay:
 
   def __init__(self):
     self._lock = threading.Lock()
-    self._readers, self._held = [], []
+    self._readers, self._held = {}, []
+    self._errors = {}  # task name -> its last 'error: ' line
     self._finishing = False  # a worker closes its session: the others' steps are cancelled
     self._quiet = re.compile('|'.join(QUIET_LINES + (
         [] if glob.glob('/dev/nvidia*') else NO_GPU_LINES)))
 
   def start(self, name, stream):
-    self._readers.append(threading.Thread(target=self._relay, args=(name, stream),
-                                          daemon=True))
-    self._readers[-1].start()
+    self._readers[name] = threading.Thread(target=self._relay, args=(name, stream),
+                                           daemon=True)
+    self._readers[name].start()
 
   def _relay(self, name, stream):
     held = False  # a held line's continuation lines start with a tab
@@ -246,6 +251,8 @@ class Relay:
                             (held and line.startswith('\t')))
       if final and 'closing the session' in line:
         self._finishing = True
+      if line.startswith('error: '):
+        self._errors[name] = line.rstrip('\n')
       with self._lock:
         if held:
           self._held.append('[%s] %s' % (name, line))
@@ -260,8 +267,13 @@ class Relay:
               % ''.join(self._held), end='', flush=True)
       self._held = []
 
+  def last_error(self, name):
+    """Task `name`'s last 'error: ...' line, or None; read to its end (it has exited)."""
+    self._readers[name].join(STOP_TASKS_SECS)
+    return self._errors.get(name)
+
   def join(self):
-    for reader in self._readers:
+    for reader in self._readers.values():
       reader.join(STOP_TASKS_SECS)
 
 

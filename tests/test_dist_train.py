@@ -7,6 +7,7 @@ Where a test needs several workers to train side by side, it holds each worker
 joins late (the others look for the chief's variables once a second) can then
 never find the run already over.
 """
+import io
 import os
 import re
 import shutil
@@ -453,6 +454,25 @@ def test_local_cluster_chief_fails_stops_every_task_and_exits_1(tasks, tmp_path)
           % os.path.join(tmp_path, 'checkpoint') in launcher.text), launcher.log()
   assert 'local cluster: worker0 exited with 1; stopping the other tasks' in launcher.lines
   assert helpers.tasks_of(launcher.pid) == {}  # the ps task and worker 1 are gone too
+
+
+def test_relay_last_error_is_the_tasks_last_error_line_though_held_lines_follow(capsys):
+  # An async worker that diverged said why in one line; then the lines held back
+  # (thousands of characters) printed after it pushed it out of a log cut to its end.
+  relay = local_cluster.Relay()
+  relay.start('worker1', io.StringIO(
+      'worker 1: training from global step 0\n'
+      'error: loss is inf at step 82 on worker 1: the model diverged.\n'))
+  relay.start('worker0', io.StringIO('worker 0: closing the session at global step 83\n'
+                                     'error: not this task\'s\n'))
+  assert relay.last_error('worker1') == ('error: loss is inf at step 82 on worker 1: the '
+                                         'model diverged.')
+  assert relay.last_error('worker0') == 'error: not this task\'s'
+  relay.start('ps0', io.StringIO('ps task 0 serving\n'))
+  assert relay.last_error('ps0') is None
+  relay.join()
+  assert '[worker1] error: loss is inf at step 82' in capsys.readouterr().out
+
 
 
 # ---- A long run: its network, its lock, its stop -------------------------------------
