@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(helpers.ROOT, 'benchmarks'))  # the parent's mod
 import dist_rows  # noqa: E402  they import no TensorFlow
 import targets  # noqa: E402
 
-TIMEOUT_SECS = 600        # --quick: about 210 s at load average 9 on 2 cores
+TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
 QUICK_STEPS, QUICK_WARMUP = 3, 1   # benchmark.QUICK's
 DIST_LABELS = [label for label, _, _ in dist_rows.RUNS][:-1]  # --quick's
