@@ -15,15 +15,23 @@ worker to finish prints its last line, so with two workers both are training
 throughout. Each worker's rate is its local steps in the window x its images per
 step / the time between its first and last line there; the cluster's is their sum.
 For one process that is its mean rate after warm-up.
+
+No run assumes how long a task takes to start. multi_gpu_train.py runs --warmup +
+--steps steps to its end. A cluster runs with no step limit of its own: this
+process reads its lines as they come and, once the window holds --steps local
+steps of every worker (the second worker may join seconds after the chief, or at
+once), stops it with SIGTERM as a user would; the chief saves, the launcher stops
+the other tasks and exits 143.
 """
 import datetime
-import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from runner import repeat_tag
@@ -32,10 +40,9 @@ from timing import BenchmarkError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_SECS = 600       # a run still going after this is killed; its tasks die with it
 NO_SAVE_STEPS = 10 ** 9      # --save_every_n_steps: only the saves before and after training
-START_LAG_SECS = 3           # the chief trains alone this long at most: the other workers
-                             # look for its variables once a second (RECOVERY_WAIT_SECS)
-MIN_STEPS = 20               # timed steps at least, even with --quick: the window needs
-                             # several loss lines of every worker, and sync skips some
+NO_END_STEPS = 10 ** 9       # a cluster's --max_steps: it trains until this process stops it
+STOP_SIGNAL = signal.SIGTERM  # ... with this, once its window is full
+STOPPED_EXIT_CODE = 143      # the launcher's exit code then (training_run's, 128 + SIGTERM)
 
 # (label, workers, --sync_replicas); workers None: multi_gpu_train.py, the baseline.
 RUNS = [('multi_gpu_train.py', None, False),
@@ -57,26 +64,18 @@ LOSS_LINE = re.compile(r'^(?:\[(?P<task>\w+)\] )?(?P<time>\d{4}-\d\d-\d\d [\d:.]
                        r'(?: \[worker \d+, local step (?P<local_step>\d+)\])?$')
 
 
-def command(args, workers, sync, train_dir, solo_rate=None):
-  """The command line of one run: the baseline, or a local cluster of one ps task.
-
-  solo_rate: examples/sec of one async worker, measured just before; two workers
-  get START_LAG_SECS of its steps on top of their own, for the chief's steps alone.
-  """
-  towers, per_run = args.dist_towers, args.warmup + max(args.steps, MIN_STEPS)
+def command(args, workers, sync, train_dir):
+  """The command line of one run: the baseline, or a local cluster of one ps task."""
+  towers = args.dist_towers
   flags = ['--synthetic', '--num_gpus=%d' % towers, '--batch_size=%d' % args.batch_size,
            '--log_frequency=1', '--summary_steps=0', '--save_every_n_steps=%d' % NO_SAVE_STEPS,
            '--intra_op_threads=%d' % args.intra_op_threads,
            '--inter_op_threads=%d' % args.inter_op_threads, '--train_dir=' + train_dir]
   if workers is None:
     return [sys.executable, '-u', os.path.join(ROOT, 'multi_gpu_train.py'),
-            '--max_steps=%d' % per_run] + flags
-  # Sync: an update takes one step of every worker. Async: every worker's step is
-  # one update. Both: the chief's first steps come before the others have started.
-  lag = 0 if workers == 1 else START_LAG_SECS * solo_rate / (args.batch_size * towers)
-  max_steps = (per_run if sync else per_run * workers) + math.ceil(lag)
+            '--max_steps=%d' % (args.warmup + args.steps)] + flags
   return ([sys.executable, '-u', os.path.join(ROOT, 'dist_train.py'),
-           '--local_cluster=1,%d' % workers, '--max_steps=%d' % max_steps] + flags +
+           '--local_cluster=1,%d' % workers, '--max_steps=%d' % NO_END_STEPS] + flags +
           (['--sync_replicas'] if sync else []))
 
 
@@ -92,6 +91,34 @@ def steps_by_task(output):
   return tasks
 
 
+def window(tasks, warmup):
+  """(opens, closes): seconds when every task is past its warm-up, and when one ends.
+
+  tasks: {task: [(local step, time in seconds), ...]}, from steps_by_task; None
+  while some task has no line past its warm-up yet.
+  """
+  past = [[t for step, t in lines if step >= warmup] for lines in tasks.values()]
+  if not tasks or not all(past):
+    return None
+  return max(min(times) for times in past), min(lines[-1][1] for lines in tasks.values())
+
+
+def inside(lines, opens, closes):
+  return [(step, t) for step, t in lines if opens <= t <= closes]
+
+
+def window_full(tasks, num_tasks, warmup, steps):
+  """Whether the window holds `steps` local steps of each of num_tasks tasks.
+
+  Later lines only widen the window (each task's last line can only come later),
+  so once full it stays full.
+  """
+  found = window(tasks, warmup) if len(tasks) == num_tasks else None
+  return found is not None and all(
+      len(lines) >= 2 and lines[-1][0] - lines[0][0] >= steps
+      for lines in (inside(lines, *found) for lines in tasks.values()))
+
+
 def window_rate(tasks, warmup, examples_per_step):
   """examples/sec of all tasks together while every one of them is past its warm-up.
 
@@ -104,58 +131,85 @@ def window_rate(tasks, warmup, examples_per_step):
     (examples/sec, window seconds), or (None, reason) when the window holds
     fewer than two lines of some task.
   """
-  opens = max(min(t for step, t in lines if step >= warmup) for lines in tasks.values())
-  closes = min(lines[-1][1] for lines in tasks.values())
+  opens, closes = window(tasks, warmup)
   total = 0.0
   for task, lines in sorted(tasks.items()):
-    inside = [(step, t) for step, t in lines if opens <= t <= closes]
-    if len(inside) < 2 or inside[-1][1] == inside[0][1]:
-      return None, '%s has %d loss lines while all tasks train' % (task, len(inside))
-    total += ((inside[-1][0] - inside[0][0]) * examples_per_step /
-              (inside[-1][1] - inside[0][1]))
+    lines = inside(lines, opens, closes)
+    if len(lines) < 2 or lines[-1][1] == lines[0][1]:
+      return None, '%s has %d loss lines while all tasks train' % (task, len(lines))
+    total += ((lines[-1][0] - lines[0][0]) * examples_per_step /
+              (lines[-1][1] - lines[0][1]))
   return total, closes - opens
 
 
-def run_one(args, runner, label, workers, sync, solo_rate):
+def watch(argv, num_tasks, args):
+  """Runs argv, reading its loss lines as they come; a cluster is stopped once its
+  window is full. Returns (exit code, stdout, stderr, whether it was stopped, whether it
+  ran out of time)."""
+  with tempfile.TemporaryFile('w+') as err:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    timed_out = threading.Event()
+
+    def time_out():
+      timed_out.set()
+      proc.kill()  # the tasks die with their launcher
+    timer = threading.Timer(RUN_TIMEOUT_SECS, time_out)
+    timer.start()
+    lines, stopped = [], False
+    try:
+      for line in proc.stdout:
+        lines.append(line)
+        if (num_tasks and not stopped and LOSS_LINE.match(line) and
+            window_full(steps_by_task(''.join(lines)), num_tasks, args.warmup, args.steps)):
+          proc.send_signal(STOP_SIGNAL)
+          stopped = True
+      code = proc.wait()
+    finally:
+      timer.cancel()
+    err.seek(0)
+    return code, ''.join(lines), err.read(), stopped, timed_out.is_set()
+
+
+def run_one(args, runner, label, workers, sync):
   """Runs one configuration to its end; returns its rate and raw lines for the JSON."""
   start = time.time()
   with tempfile.TemporaryDirectory(prefix='cifar10_dist_benchmark_') as train_dir:
-    argv = command(args, workers, sync, train_dir, solo_rate)
-    try:
-      proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_SECS,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-    except subprocess.TimeoutExpired as e:
-      raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps'
-                           % (label, RUN_TIMEOUT_SECS)) from e
-  output = proc.stdout + proc.stderr
-  tasks = steps_by_task(proc.stdout)
-  missing = len(tasks) < (workers or 1) or any(
-      all(step < args.warmup for step, _ in lines) for lines in tasks.values())
-  if proc.returncode or missing:
-    why = 'exit status %d' % proc.returncode if proc.returncode else 'too few loss lines'
+    argv = command(args, workers, sync, train_dir)
+    code, stdout, stderr, stopped, timed_out = watch(argv, workers, args)
+  if timed_out:
+    raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps'
+                         % (label, RUN_TIMEOUT_SECS))
+  tasks = steps_by_task(stdout)
+  expected = STOPPED_EXIT_CODE if workers else 0
+  why = None
+  if code != expected:
+    why = 'exit status %d' % code
+  elif workers and not stopped:
+    why = 'it ended before every worker had trained --steps=%d steps together' % args.steps
+  elif window(tasks, args.warmup) is None:
+    why = 'too few loss lines'
+  if why:
     raise BenchmarkError('%s failed (%s). Its last output lines:\n%s\nTo rerun it alone: '
-                         '%s' % (label, why, '\n'.join(output.strip().splitlines()[-25:]),
-                                 ' '.join(argv)))
+                         '%s' % (label, why, '\n'.join((stdout + stderr).strip().splitlines()
+                                                        [-25:]), ' '.join(argv)))
   examples_per_step = args.batch_size * args.dist_towers
-  examples_per_sec, window = window_rate(tasks, args.warmup, examples_per_step)
+  examples_per_sec, window_sec = window_rate(tasks, args.warmup, examples_per_step)
   if examples_per_sec is None:
-    raise BenchmarkError('%s: %s; raise --steps' % (label, window))
+    raise BenchmarkError('%s: %s; raise --steps' % (label, window_sec))
   result = dict(label=label, command=argv, workers=workers, sync=sync,
-                examples_per_sec=examples_per_sec, window_sec=window,
-                examples_per_step=examples_per_step, loss_lines=tasks, wall_sec=time.time() - start)
+                examples_per_sec=examples_per_sec, window_sec=window_sec,
+                examples_per_step=examples_per_step, loss_lines=tasks, stopped=stopped,
+                wall_sec=time.time() - start)
   runner.progress(label, ': %.1f examples/sec' % examples_per_sec, result['wall_sec'])
   return result
 
 
 def run_repeat(args, runner, runs, repeat):
   """One pass over runs_for(args) in order, appending each to runs[('dist', label)]."""
-  solo_rate = None
   for label, workers, sync in runs_for(args):
-    result = run_one(args, runner, label + repeat_tag(repeat, args.repeats), workers, sync,
-                     solo_rate)
-    runs.setdefault(('dist', label), []).append(result)
-    if workers == 1 and not sync:
-      solo_rate = result['examples_per_sec']
+    runs.setdefault(('dist', label), []).append(
+        run_one(args, runner, label + repeat_tag(repeat, args.repeats), workers, sync))
 
 
 def summarise(args, runs):

@@ -12,7 +12,8 @@ import tensorflow as tf
 
 import multi_gpu_train
 import placement
-from timing import check_losses, peak_mb, time_steps
+from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
+                    weight_stats)
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -67,10 +68,13 @@ def build_trainer(config):
 def ours(config):
   """The trainer's step: [train op, loss] in one sess.run, timed.
 
-  config: as build_trainer's, plus steps and warmup.
+  config: as build_trainer's, plus steps and warmup; optionally init_seed (the graph's
+  seed: what the initialisers draw) and save_start or start_from (start_weights).
   """
   tf.compat.v1.disable_eager_execution()
   with tf.Graph().as_default():
+    if config.get('init_seed') is not None:
+      tf.compat.v1.set_random_seed(config['init_seed'])
     trainer = build_trainer(config)
     fetches = [trainer.graph.train_op, trainer.graph.loss]
     init = tf.compat.v1.global_variables_initializer()
@@ -78,14 +82,37 @@ def ours(config):
                   examples_per_step=config['batch_size'] * len(trainer.devices))
     with tf.compat.v1.Session(config=trainer.session_config) as sess:
       sess.run([init, trainer.input_init])
+      if config.get('save_start') or config.get('start_from'):
+        result['initial_weights'] = start_weights(sess, config)
       losses = []
       result['durations'] = time_steps(lambda: losses.append(sess.run(fetches)[1]),
                                        config['warmup'], config['steps'])
       if config['xla']:
         result['xla_ops_run'] = count_xla_ops(sess, fetches)
   check_losses('ours', losses)
-  result.update(first_loss=float(losses[0]), last_loss=float(losses[-1]), peak_mb=peak_mb())
+  result.update(first_loss=float(losses[0]), last_loss=float(losses[-1]),
+                losses=[float(loss) for loss in losses], peak_mb=peak_mb())
   return result
+
+
+def start_weights(sess, config):
+  """Saves the fresh weights to config['save_start'], or loads config['start_from']'s.
+
+  Runs that start from the same weights and batch have the same first loss, whatever
+  trains them (a peer, oneDNN on or off). Returns weight_stats of the fresh weights,
+  what this model's own initialisers drew.
+  """
+  by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
+  variables = {layer: (by_name[layer + '/weights'], by_name[layer + '/biases'])
+               for layer in LAYERS}
+  fresh = sess.run(variables)
+  if config.get('save_start'):
+    save_weights(config['save_start'], fresh)
+  if config.get('start_from'):
+    for layer, values in load_weights(config['start_from']).items():
+      for variable, value in zip(variables[layer], values):
+        variable.load(value, sess)
+  return weight_stats(fresh)
 
 
 def extras(config):

@@ -14,7 +14,7 @@ import keras
 
 import cifar10_input
 import keras_peer
-from timing import check_losses, peak_mb, time_steps
+from timing import LAYERS, check_losses, load_weights, peak_mb, time_steps, weight_stats
 
 
 def mirrored_strategy(config):
@@ -36,10 +36,12 @@ def peer(config):
   """The custom-loop peer: keras_peer.make_train_step, one call per step, timed."""
   strategy = mirrored_strategy(config)
   global_batch = config['batch_size'] * config['towers']
+  seed(config)
   with strategy.scope():
     model = keras_peer.build_model()
     optimizer = keras.optimizers.SGD(learning_rate=keras_peer.LEARNING_RATE)
     optimizer.build(model.trainable_variables)
+  initial_weights = start_weights(model, config)
   # Each replica draws its own batch_size batch, as each tower does.
   dataset = strategy.distribute_datasets_from_function(
       lambda context: cifar10_input.synthetic_dataset(
@@ -53,7 +55,26 @@ def peer(config):
   check_losses('custom-loop peer', losses)
   return dict(durations=durations, examples_per_step=global_batch,
               replicas=strategy.num_replicas_in_sync, first_loss=losses[0],
-              last_loss=losses[-1], peak_mb=peak_mb())
+              last_loss=losses[-1], losses=losses, peak_mb=peak_mb(),
+              initial_weights=initial_weights)
+
+
+def start_weights(model, config):
+  """Loads config['start_from'] (measure_ours.start_weights' file) into the model.
+
+  Returns weight_stats of the fresh weights, what the Keras initialisers drew.
+  """
+  fresh = {layer: model.get_layer(layer).get_weights() for layer in LAYERS}
+  if config.get('start_from'):
+    for layer, values in load_weights(config['start_from']).items():
+      model.get_layer(layer).set_weights(list(values))
+  return weight_stats(fresh)
+
+
+def seed(config):
+  """Seeds Keras' initialisers with config['init_seed'], if given."""
+  if config.get('init_seed') is not None:
+    keras.utils.set_random_seed(config['init_seed'])
 
 
 class BatchTimer(keras.callbacks.Callback):
@@ -82,13 +103,16 @@ def fit(config):
   """
   strategy = mirrored_strategy(config)
   global_batch = config['batch_size'] * config['towers']
+  seed(config)
   with strategy.scope():
     model = keras_peer.build_model()
     keras_peer.compile_with_defaults(model)
+  initial_weights = start_weights(model, config)
   timer = BatchTimer()
   model.fit(cifar10_input.synthetic_dataset(global_batch), epochs=1, verbose=0,
             steps_per_epoch=config['warmup'] + config['steps'], callbacks=[timer])
   check_losses('model.fit peer', timer.losses)
   return dict(durations=timer.durations[config['warmup']:], examples_per_step=global_batch,
               replicas=strategy.num_replicas_in_sync, jit_compile=bool(model.jit_compile),
-              first_loss=timer.losses[0], last_loss=timer.losses[-1], peak_mb=peak_mb())
+              first_loss=timer.losses[0], last_loss=timer.losses[-1], peak_mb=peak_mb(),
+              initial_weights=initial_weights)

@@ -10,7 +10,9 @@ against the peers at TensorFlow's (runner.OURS_ONEDNN, runner.TENSORFLOWS_ONEDNN
 the table shows both peers under both settings, so the comparison at the same
 setting is there too.
 """
+import os
 import statistics
+import tempfile
 
 import dist_rows
 import targets
@@ -24,6 +26,7 @@ MNIST_BATCH_SIZE = 100            # ... of 100 images
 # The --use_fp16 row: at the table's first N only, synthetic input. On a CPU without
 # float16 arithmetic it is slower than float32, not faster (docs/performance.md).
 SEED = 1                          # the seeded row: ours at N=1, real input, --seed=SEED
+INIT_SEED = 0                     # what ours' and the peers' initialisers draw on synthetic input
 
 
 def flop_count(layers):
@@ -74,10 +77,11 @@ def run_table(args, data_dir):
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
   runs = {}
-  for repeat in range(args.repeats):
-    run_repeat(args, data_dir, runner, runs, repeat)
-    if not args.skip_dist:
-      dist_rows.run_repeat(args, runner, runs, repeat)
+  with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_start_') as start_dir:
+    for repeat in range(args.repeats):
+      run_repeat(args, data_dir, start_dir, runner, runs, repeat)
+      if not args.skip_dist:
+        dist_rows.run_repeat(args, runner, runs, repeat)
   table = summarise(args, runs, layers)
   print_table(args, table)
   dist = None if args.skip_dist else dist_rows.summarise(args, runs)
@@ -85,8 +89,13 @@ def run_table(args, data_dir):
   return table
 
 
-def run_repeat(args, data_dir, runner, runs, repeat):
-  """One pass over the table's configurations, appending each result to runs[key]."""
+def run_repeat(args, data_dir, start_dir, runner, runs, repeat):
+  """One pass over the table's configurations, appending each result to runs[key].
+
+  At each N the synthetic runs, ours and the peers', start from the weights of the
+  first one (seeded), saved in start_dir: their first losses differ only by what
+  computes them, so equal ones say the peers are the same model.
+  """
   def run(key, label, config):
     runs.setdefault(key, []).append(runner.run(label + repeat_tag(repeat, args.repeats),
                                                config))
@@ -100,15 +109,19 @@ def run_repeat(args, data_dir, runner, runs, repeat):
   run('pipeline', 'input pipeline alone', dict(kind='pipeline', data_dir=data_dir,
                                                onednn=OURS_ONEDNN, **common))
   for towers in args.towers:
+    start = os.path.join(start_dir, 'N%d.npz' % towers)
     for on in ONEDNN_SETTINGS:
+      where = 'save_start' if on == ONEDNN_SETTINGS[0] else 'start_from'
       run(('synthetic', towers, on), 'ours N=%d synthetic oneDNN %s' % (towers,
                                                                         onednn_name(on)),
-          ours_config(args, towers, 'synthetic', onednn=on))
+          ours_config(args, towers, 'synthetic', onednn=on, init_seed=INIT_SEED,
+                      **{where: start}))
     for kind, name in [] if args.skip_peer else PEERS:
       for on in ONEDNN_SETTINGS:
         run((kind, towers, on), '%s N=%d synthetic oneDNN %s' % (name, towers,
                                                                  onednn_name(on)),
-            dict(kind=kind, towers=towers, onednn=on, **common))
+            dict(kind=kind, towers=towers, onednn=on, init_seed=INIT_SEED, start_from=start,
+                 **common))
     run(('real', towers), 'ours N=%d real' % towers,
         ours_config(args, towers, 'real', data_dir))
     if towers == 1:

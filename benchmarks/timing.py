@@ -7,7 +7,13 @@ import resource
 import sys
 import time
 
+import numpy as np
+
 RESULT_PREFIX = 'BENCHMARK_RESULT '  # a worker's one line of JSON starts with this
+
+
+# The model's layers with weights: the trainer's variable scopes, the peers' layer names.
+LAYERS = ('conv1', 'conv2', 'local3', 'local4', 'softmax_linear')
 
 
 class BenchmarkError(Exception):
@@ -37,3 +43,24 @@ def check_losses(who, losses):
   if not all(math.isfinite(loss) for loss in losses):
     raise BenchmarkError('%s: loss became %s, the model diverged; try a smaller '
                          '--batch_size' % (who, losses[-1]))
+
+
+def weight_stats(weights):
+  """What the initialisers drew: {layer: dict(shape, kernel_std, bias_mean)}.
+
+  weights: {layer: (kernel, bias)} of a fresh model, numpy arrays.
+  """
+  return {layer: dict(shape=list(np.shape(kernel)), kernel_std=float(np.std(kernel)),
+                      bias_mean=float(np.mean(bias))) for layer, (kernel, bias) in weights.items()}
+
+
+def save_weights(path, weights):
+  """Writes {layer: (kernel, bias)} to an .npz file, for start_weights in another process."""
+  np.savez(path, **{name: value for layer, pair in weights.items()
+                    for name, value in zip((layer + '/kernel', layer + '/bias'), pair)})
+
+
+def load_weights(path):
+  """{layer: (kernel, bias)} from save_weights' file."""
+  with np.load(path) as saved:
+    return {layer: (saved[layer + '/kernel'], saved[layer + '/bias']) for layer in LAYERS}
