@@ -46,6 +46,7 @@ def in_window(loss_lines, warmup):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('benchmark_quick')
 def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
   table, stdout = quick
   assert 'ours/peer' in stdout and 'ours/fit' in stdout
@@ -79,6 +80,7 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('benchmark_quick')
 def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   table, _ = quick
   assert table['flops_per_example']['total'] == FLOPS_PER_EXAMPLE
@@ -125,6 +127,7 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('benchmark_quick')
 def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(quick):
   table, _ = quick
   runs = {r['label']: r for r in table['runs']}
