@@ -82,6 +82,7 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tm
       assert np.isfinite(value).all(), (path, name)
 
 
+@pytest.mark.slow
 def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path, capsys):
   train_dir = str(tmp_path / 'train')
   done = helpers.run(_trainer(
@@ -329,6 +330,7 @@ def test_cli_killed_mid_save_resumes_from_last_complete_checkpoint(sample, tmp_p
                                                                      saved_step + 2]
 
 
+@pytest.mark.slow
 def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_path):
   done = helpers.run(_trainer('--num_gpus=2', '--synthetic', '--batch_size=8', '--max_steps=1',
                               '--log_device_placement', '--train_dir=%s' % tmp_path))
@@ -343,6 +345,7 @@ def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_pa
   assert helpers.steps(helpers.LOSS_LINE, done.out.splitlines()) == [1]
 
 
+@pytest.mark.slow
 def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_path, tasks,
                                                                 capsys):
   trainer = tasks(_trainer('--batch_size=8', *sample.flags, '--train_dir=%s' % tmp_path,

@@ -53,6 +53,7 @@ def _split(lines, marker):
 
 # ---- A second trainer on one directory; SIGTERM; readers not blocked --------------
 
+@pytest.mark.slow
 def test_second_trainer_stops_naming_pid_eval_reads_and_sigterm_saves(sample, tmp_path, tasks):
   train_dir = tmp_path / 'train'
   first = tasks(_args(sample, train_dir, '--max_steps=100000', '--save_every_n_steps=3'))
@@ -422,6 +423,7 @@ with tf.compat.v1.Session(config=config) as sess:
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sig, code, name', [(signal.SIGINT, 130, 'Ctrl-C'),
                                              (signal.SIGTERM, 143, 'SIGTERM')])
 def test_second_signal_while_inside_tensorflow_exits_at_once_saying_so(tmp_path, tasks, sig,
