@@ -919,6 +919,9 @@ def check_flags(also_positive=()):
 def main(argv):
   del argv  # absl has already refused unknown flags
   stop = training_run.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
+  # Each line as it is printed, into a pipe too (`| tee run.log`), where Python's default
+  # would hold the start-up lines back until the session opens.
+  sys.stdout.reconfigure(line_buffering=True)
   apply_dataset_defaults()
   check_flags()
   tf.compat.v1.disable_eager_execution()

@@ -66,7 +66,3 @@ def tasks():
 def module_tasks():
   """start(argv, env=None) -> helpers.Task, for processes a module's tests share."""
   yield from helpers.started_tasks()
-
-
-# Until every test file imports them from helpers.
-from helpers import Sample, modes, umask, write_sample  # noqa: E402,F401

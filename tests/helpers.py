@@ -470,3 +470,38 @@ def scalar_steps_per_file(directory, tag):
     found.append([e.step for e in events.Scalars(tag)]
                  if tag in events.Tags()['scalars'] else [])
   return found
+
+
+# ---- Running processes, as Linux's /proc shows them ---------------------------------------
+
+def send_and_mark(task, signum, text):
+  """Sends signum to a task, then writes the line `text` into the task's own stdout pipe.
+
+  The line lands behind all the task wrote before the signal was sent, so its place
+  in task.out_lines splits the output in two: before the signal, and after it.
+  """
+  with open('/proc/%d/fd/1' % task.pid, 'w') as pipe:  # open even if the task exits at once
+    task.send(signum)
+    pipe.write(text + '\n')
+
+
+def process_state(pid):
+  """The state letter of a process: R running, S sleeping, T stopped (SIGSTOP), Z exited."""
+  with open('/proc/%d/stat' % pid) as f:
+    return f.read().rsplit(')', 1)[1].split()[0]
+
+
+def signal_pending(pid, signum):
+  """True while signum, sent to the process (not one thread), waits to be delivered."""
+  with open('/proc/%d/status' % pid) as f:
+    mask = next(int(line.split()[1], 16) for line in f if line.startswith('ShdPnd:'))
+  return bool(mask >> (signum - 1) & 1)
+
+
+def wait_until(condition, what, task, timeout=WAIT_SECS):
+  """Polls condition() until it is true; fails at once, with the log, if the task exits."""
+  deadline = time.time() + timeout
+  while not condition():
+    if task.process.poll() is not None or time.time() > deadline:
+      raise AssertionError('no %s: %s' % (what, task.log()))
+    time.sleep(0.001)

@@ -1,43 +1,33 @@
 """multi_gpu_train.py: the gradient average, tower equivalence, the step loop, resuming."""
 import os
 import re
+import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import cifar10
-import conftest
+import helpers
+import input_lib
 import multi_gpu_train
-import placement
+import training_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOG_LINE = re.compile(r'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}: step (\d+), loss = \d+\.\d\d '
-                      r'\(\d+\.\d examples/sec; \d+\.\d{3} sec/batch\)$')
-TIMEOUT_SECS = 120
+TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
 
-def _cli(*args, timeout=TIMEOUT_SECS):
-  """Runs the trainer as a user would; returns (exit code, stdout, stderr)."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  done = subprocess.run([sys.executable, os.path.join(ROOT, 'multi_gpu_train.py')] +
-                        list(args), capture_output=True, text=True, timeout=timeout,
-                        env=env, cwd=ROOT)
-  return done.returncode, done.stdout, done.stderr
+def _trainer(*args):
+  """The trainer's command line. Run by this Python without -u: it flushes its lines itself."""
+  return [sys.executable, TRAINER] + list(args)
 
 
-def _steps(stdout):
-  return [int(m.group(1)) for m in map(LOG_LINE.match, stdout.splitlines()) if m]
-
-
-@pytest.fixture(scope='module')
-def sample(tmp_path_factory):
-  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=60)
+def _settings(sample, train_dir, **changes):
+  """Settings of a short run on the sample, one tower of 8 images, no summaries."""
+  return multi_gpu_train.Settings(str(train_dir), sample.dir, **dict(dict(
+      num_gpus=1, batch_size=8, summary_steps=0, data_md5=sample.md5), **changes))
 
 
 def test_average_gradients_two_towers_is_mean():
@@ -60,38 +50,12 @@ def test_average_gradients_missing_gradient_names_variable():
       multi_gpu_train.average_gradients([[(tf.ones([2]), var)], [(None, var)]])
 
 
-def _one_step(num_towers, images, labels, start_values=None, model=cifar10):
-  """Builds the trainer's graph over num_towers virtual CPUs and runs one step.
-
-  Returns:
-    (values of every global variable before the step, and after it).
-  """
-  per_tower = len(images) // num_towers
-  slices = iter([(images[i * per_tower:(i + 1) * per_tower],
-                  labels[i * per_tower:(i + 1) * per_tower]) for i in range(num_towers)])
-  with tf.Graph().as_default():
-    graph = multi_gpu_train.build(
-        lambda: tuple(map(tf.constant, next(slices))),
-        ['/cpu:%d' % i for i in range(num_towers)], per_tower,
-        model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, model=model, summaries=False)
-    variables = tf.compat.v1.global_variables()
-    start = [v.assign(start_values[v.op.name]) for v in variables] if start_values else []
-    config = placement.session_config(num_cpu_devices=num_towers)
-    with tf.compat.v1.Session(config=config) as sess:
-      sess.run(tf.compat.v1.global_variables_initializer())
-      sess.run(start)
-      before = dict(zip([v.op.name for v in variables], sess.run(variables)))
-      sess.run(graph.train_op)
-      after = dict(zip([v.op.name for v in variables], sess.run(variables)))
-  return before, after
-
-
 def test_two_towers_step_matches_one_tower_on_joined_batch():
   rng = np.random.default_rng(0)
   images = rng.standard_normal((32, 24, 24, 3)).astype(np.float32)  # no distortions
   labels = rng.integers(0, 10, 32).astype(np.int32)
-  start, one_tower = _one_step(1, images, labels)
-  _, two_towers = _one_step(2, images, labels, start_values=start)
+  start, one_tower = helpers.one_train_step(1, images, labels)
+  _, two_towers = helpers.one_train_step(2, images, labels, start_values=start)
   assert set(two_towers) == set(one_tower)
   assert len(one_tower) == 21  # 10 weights and biases, their 10 moving averages, global_step
   for name in one_tower:
@@ -114,53 +78,60 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tm
   # Checkpoints written while the loss was finite stay; none holds a NaN.
   state = tf.train.get_checkpoint_state(str(tmp_path))
   for path in state.all_model_checkpoint_paths:
-    reader = tf.train.load_checkpoint(path)
-    for name in reader.get_variable_to_shape_map():
-      assert np.isfinite(reader.get_tensor(name)).all(), (path, name)
+    for name, value in helpers.checkpoint(path).items():
+      assert np.isfinite(value).all(), (path, name)
 
 
-def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path):
+@pytest.mark.slow
+def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path, capsys):
   train_dir = str(tmp_path / 'train')
-  common = ['--num_gpus=2', '--batch_size=8', *sample.flags,
-            '--train_dir=' + train_dir, '--log_frequency=10', '--save_every_n_steps=20',
-            '--summary_steps=0']
-  code, out, err = _cli(*common, '--max_steps=30')
-  assert code == 0, err
-  assert '2 virtual CPU devices' in out and 'global batch 16 = 8 x 2 towers' in out
-  # An epoch is the sample's 5 x 60 records, counted: 300 / 16 x 350 epochs.
-  assert ('decay_steps 6562 = 300 examples (the records in data_batch_1.bin .. '
-          'data_batch_5.bin) / 16 per update x 350 epochs') in out
-  assert '1068298 trainable parameters' in out
-  assert _steps(out) == [1, 10, 20, 30]
-  assert 'Saved checkpoint %s/model.ckpt-20' % train_dir in out
-  assert tf.train.load_checkpoint(train_dir).get_tensor('global_step') == 30
+  done = helpers.run(_trainer(
+      '--num_gpus=2', '--batch_size=8', *sample.flags, '--train_dir=' + train_dir,
+      '--log_frequency=10', '--save_every_n_steps=20', '--summary_steps=0', '--max_steps=30'))
+  assert done.code == 0, done.log()
+  assert '2 virtual CPU devices' in done.out and 'global batch 16 = 8 x 2 towers' in done.out
+  # An epoch is the sample's 5 x 40 records, counted: 200 / 16 x 350 epochs.
+  assert ('decay_steps 4375 = 200 examples (the records in data_batch_1.bin .. '
+          'data_batch_5.bin) / 16 per update x 350 epochs') in done.out, done.log()
+  assert '1068298 trainable parameters' in done.out
+  assert helpers.steps(helpers.LOSS_LINE, done.out.splitlines()) == [1, 10, 20, 30]
+  assert 'Saved checkpoint %s/model.ckpt-20' % train_dir in done.out
+  assert helpers.global_step(train_dir) == 30
 
-  code, out, err = _cli(*common, '--max_steps=40')
-  assert code == 0, err
+  # Resuming is the same code from a command line or not: the rest runs in this process.
+  def train(**changes):
+    multi_gpu_train.train(_settings(sample, train_dir, num_gpus=2, log_frequency=10,
+                                    save_every_n_steps=20, **changes))
+    return capsys.readouterr().out
+  out = train(max_steps=40)
   assert 'Resuming from %s/model.ckpt-30 at step 30' % train_dir in out
-  assert _steps(out) == [31, 40]
-  assert tf.train.load_checkpoint(train_dir).get_tensor('global_step') == 40
+  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [31, 40]
+  assert helpers.global_step(train_dir) == 40
 
-  code, out, err = _cli(*common, '--max_steps=40')
-  assert code == 0 and 'nothing to do' in out and _steps(out) == []
+  out = train(max_steps=40)
+  assert 'nothing to do' in out and helpers.steps(helpers.LOSS_LINE, out.splitlines()) == []
 
-  code, out, err = _cli(*common, '--max_steps=5', '--fresh')
-  assert code == 0, err
+  out = train(max_steps=5, fresh=True)
   moved = re.search(r'--fresh: moved (\d+) files from \S+ to (\S+):', out)
-  assert moved and 'Starting from step 0' in out and _steps(out) == [1]
+  assert moved and 'Starting from step 0' in out, out
+  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [1]
   assert 'model.ckpt-40.index' in os.listdir(moved.group(2))  # set aside, not deleted
 
 
-@pytest.mark.parametrize('damage, message', [
-    ('truncate', 'data_batch_2.bin has 184379 bytes; expected a non-zero multiple of 3073'),
-    ('empty', 'data_batch_2.bin has 0 bytes'),
-    ('missing', 'data_batch_2.bin is missing'),
-    ('label', 'data_batch_2.bin record 3 has label 10; CIFAR-10 labels are 0..9'),
-])
-def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, message):
-  sample = conftest.write_sample(tmp_path, records_per_file=60)
-  os.remove(tmp_path / 'cifar-10-binary.tar.gz')  # else the run would extract it again
-  path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_2.bin'
+DAMAGES = {
+    'truncate': 'data_batch_2.bin has 122919 bytes; expected a non-zero multiple of 3073',
+    'empty': 'data_batch_2.bin has 0 bytes',
+    'missing': 'data_batch_2.bin is missing',
+    'label': 'data_batch_2.bin record 3 has label 10; CIFAR-10 labels are 0..9',
+}
+
+
+def _damaged_copy(sample, tmp_path, damage):
+  """A copy of the sample with data_batch_2.bin damaged, and no archive to extract again."""
+  data_dir = tmp_path / 'data'
+  shutil.copytree(sample.dir, data_dir)
+  os.remove(data_dir / 'cifar-10-binary.tar.gz')  # else the run would extract it again
+  path = data_dir / 'cifar-10-batches-bin' / 'data_batch_2.bin'
   if damage == 'truncate':
     path.write_bytes(path.read_bytes()[:-1])
   elif damage == 'empty':
@@ -171,20 +142,40 @@ def test_cli_bad_data_file_exits_with_message_before_training(tmp_path, damage, 
     path.write_bytes(bytes(data))
   else:
     path.unlink()
-  code, out, err = _cli(*sample.flags, '--train_dir=%s' % (tmp_path / 't'), '--max_steps=5')
-  assert code == 1 and message in err.splitlines()[-1], err
-  assert 'Traceback' not in err
-  assert _steps(out) == [] and not os.path.exists(tmp_path / 't')  # nothing created
+  return helpers.Sample(str(data_dir), sample.md5)
 
 
-def test_cli_failed_download_leaves_no_directories(tmp_path):
+@pytest.mark.parametrize('damage', sorted(DAMAGES))
+def test_bad_data_file_stops_with_message_before_training(sample, tmp_path, damage, capsys):
+  damaged = _damaged_copy(sample, tmp_path, damage)
+  with pytest.raises(input_lib.DataError, match=re.escape(DAMAGES[damage])):
+    multi_gpu_train.train(_settings(damaged, tmp_path / 't', max_steps=5))
+  assert helpers.steps(helpers.LOSS_LINE, capsys.readouterr().out.splitlines()) == []
+  assert not os.path.exists(tmp_path / 't')  # nothing created
+
+
+def test_cli_bad_data_file_exits_with_one_line_before_training(sample, tmp_path):
+  # The command line's side of the test above: any DataError is one line, exit 1.
+  damaged = _damaged_copy(sample, tmp_path, 'truncate')
+  done = helpers.run(_trainer(*damaged.flags, '--train_dir=%s' % (tmp_path / 't'),
+                              '--max_steps=5'))
+  last = done.err.splitlines()[-1]
+  assert done.code == 1 and last.startswith('error: ') and DAMAGES['truncate'] in last, (
+      done.log())
+  assert 'Traceback' not in done.err
+  assert helpers.steps(helpers.LOSS_LINE, done.out.splitlines()) == []
+  assert not os.path.exists(tmp_path / 't')  # nothing created
+
+
+def test_failed_download_leaves_no_directories(tmp_path):
   with socket.socket() as s:  # a free port on 127.0.0.1 that nothing listens on
     s.bind(('127.0.0.1', 0))
     url = 'http://127.0.0.1:%d/cifar-10-binary.tar.gz' % s.getsockname()[1]
-  code, out, err = _cli('--data_url=' + url, '--data_dir=%s' % (tmp_path / 'data'),
-                        '--train_dir=%s' % (tmp_path / 'train'), '--max_steps=5')
-  assert code == 1 and 'error: cannot download %s' % url in err, err
-  assert 'python cifar10_input.py --write_sample=' in err  # the offline way in
+  with pytest.raises(input_lib.DataError) as raised:
+    multi_gpu_train.train(multi_gpu_train.Settings(
+        str(tmp_path / 'train'), str(tmp_path / 'data'), data_url=url, max_steps=5))
+  assert str(raised.value).startswith('cannot download %s' % url)
+  assert 'python cifar10_input.py --write_sample=' in str(raised.value)  # the offline way in
   assert os.listdir(tmp_path) == []
 
 
@@ -193,127 +184,184 @@ def test_cli_failed_download_leaves_no_directories(tmp_path):
     ('--num_gpus=0', '--num_gpus must be at least 1, got 0'),
 ])
 def test_cli_bad_flag_exits_naming_it(tmp_path, flag, message):
-  code, out, err = _cli(flag, '--train_dir=%s' % tmp_path, '--data_dir=%s' % tmp_path)
-  assert code != 0 and message in err, err
+  done = helpers.run(_trainer(flag, '--train_dir=%s' % tmp_path, '--data_dir=%s' % tmp_path))
+  assert done.code != 0 and message in done.err, done.log()
   assert os.listdir(tmp_path) == []
 
 
-def _train_briefly(sample, train_dir, max_steps=6):
-  multi_gpu_train.train(multi_gpu_train.Settings(
-      train_dir, sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps, summary_steps=0,
-      save_every_n_steps=3, data_md5=sample.md5))
+def _train_briefly(train_dir, sample, max_steps):
+  multi_gpu_train.train(_settings(sample, train_dir, max_steps=max_steps,
+                                  save_every_n_steps=3))
 
 
-def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, tmp_path):
-  _train_briefly(sample, str(tmp_path))
-  (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-6\n{{{')
-  before = sorted(os.listdir(tmp_path))
+@pytest.fixture(scope='module')
+def trained(sample, tmp_path_factory):
+  """A train dir of 6 steps, checkpoints at 3 and 6, that tests copy and never change."""
+  train_dir = tmp_path_factory.mktemp('trained') / 'train'
+  _train_briefly(train_dir, sample, max_steps=6)
+  return train_dir
+
+
+def _copy(trained, tmp_path):
+  shutil.copytree(trained, tmp_path / 'train')
+  return tmp_path / 'train'
+
+
+@pytest.mark.xdist_group('multi_gpu_train_trained')
+def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, trained, tmp_path):
+  train_dir = _copy(trained, tmp_path)
+  (train_dir / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-6\n{{{')
+  before = sorted(os.listdir(train_dir))
   with pytest.raises(multi_gpu_train.TrainingError,
                      match='checkpoint cannot be read as a checkpoint state file'):
-    _train_briefly(sample, str(tmp_path), max_steps=9)
-  assert sorted(os.listdir(tmp_path)) == before
+    _train_briefly(train_dir, sample, max_steps=9)
+  assert sorted(os.listdir(train_dir)) == before
 
 
-def test_checkpoint_truncated_data_file_stops_naming_it(sample, tmp_path):
-  _train_briefly(sample, str(tmp_path))
-  data_file = tmp_path / 'model.ckpt-6.data-00000-of-00001'
+@pytest.mark.xdist_group('multi_gpu_train_trained')
+def test_checkpoint_truncated_data_file_stops_naming_it(sample, trained, tmp_path):
+  train_dir = _copy(trained, tmp_path)
+  data_file = train_dir / 'model.ckpt-6.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:100000])
   with pytest.raises(multi_gpu_train.TrainingError,
                      match='checkpoint .*model.ckpt-6 .*cannot be read'):
-    _train_briefly(sample, str(tmp_path), max_steps=9)
+    _train_briefly(train_dir, sample, max_steps=9)
   assert data_file.stat().st_size == 100000
 
 
-def test_checkpoint_files_without_state_file_resume_from_newest_whole(sample, tmp_path,
+@pytest.mark.xdist_group('multi_gpu_train_trained')
+def test_checkpoint_files_without_state_file_resume_from_newest_whole(sample, trained, tmp_path,
                                                                     capsys):
-  _train_briefly(sample, str(tmp_path))  # model.ckpt-3 and -6
-  os.remove(tmp_path / 'checkpoint')  # as a kill between the files and the state file
-  data_file = tmp_path / 'model.ckpt-6.data-00000-of-00001'
+  train_dir = _copy(trained, tmp_path)  # model.ckpt-3 and -6
+  os.remove(train_dir / 'checkpoint')  # as a kill between the files and the state file
+  data_file = train_dir / 'model.ckpt-6.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:1000])  # and the newest cut short
-  _train_briefly(sample, str(tmp_path), max_steps=8)
+  capsys.readouterr()
+  _train_briefly(train_dir, sample, max_steps=8)
   out = capsys.readouterr().out
   assert 'resuming from the newest checkpoint that reads whole, model.ckpt-3' in out
   assert 'Skipped, unreadable: model.ckpt-6' in out
-  assert 'Resuming from %s/model.ckpt-3 at step 3' % tmp_path in out
-  assert tf.train.load_checkpoint(str(tmp_path)).get_tensor('global_step') == 8
+  assert 'Resuming from %s/model.ckpt-3 at step 3' % train_dir in out
+  assert helpers.global_step(train_dir) == 8
 
 
-def test_checkpoint_files_none_whole_without_state_file_stop(sample, tmp_path):
-  _train_briefly(sample, str(tmp_path), max_steps=3)
-  os.remove(tmp_path / 'checkpoint')
-  data_file = tmp_path / 'model.ckpt-3.data-00000-of-00001'
+@pytest.mark.xdist_group('multi_gpu_train_trained')
+def test_checkpoint_files_none_whole_without_state_file_stop(sample, trained, tmp_path):
+  train_dir = _copy(trained, tmp_path)
+  os.remove(train_dir / 'checkpoint')
+  for name in os.listdir(train_dir):  # model.ckpt-3 alone, as after a run of 3 steps
+    if name.startswith('model.ckpt-6.'):
+      os.remove(train_dir / name)
+  data_file = train_dir / 'model.ckpt-3.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:1000])
   with pytest.raises(multi_gpu_train.TrainingError,
                      match='holds checkpoints but none reads whole: model.ckpt-3'):
-    _train_briefly(sample, str(tmp_path), max_steps=9)
+    _train_briefly(train_dir, sample, max_steps=9)
 
 
-def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path):
-  code, out, err = _cli('--num_gpus=2', '--async_towers', '--batch_size=8',
-                        *sample.flags, '--train_dir=%s' % tmp_path,
-                        '--max_steps=40', '--summary_steps=0', '--log_frequency=10')
-  assert code == 0, err
+def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path, capsys):
+  multi_gpu_train.train(_settings(sample, tmp_path, num_gpus=2, async_towers=True,
+                                  max_steps=40, log_frequency=10))
+  out = capsys.readouterr().out
   counts = re.search(r'updates applied per tower: tower_0 (\d+), tower_1 (\d+); '
                      r'global step (\d+)', out)
   assert counts, out
   tower_0, tower_1, step = map(int, counts.groups())
   assert tower_0 > 0 and tower_1 > 0 and tower_0 + tower_1 == step == 40
-  assert tf.train.load_checkpoint(str(tmp_path)).get_tensor('global_step') == 40
+  assert helpers.global_step(tmp_path) == 40
+
+
+def _saving(train_dir):
+  """The temporary files of a checkpoint write under way in train_dir (none: [])."""
+  if not os.path.isdir(train_dir):
+    return []
+  return [name for name in os.listdir(train_dir)
+          if training_run.LEFTOVERS.match(name) and not name.startswith('run-')]
+
+
+def _kill_in_a_save(task, train_dir):
+  """SIGKILLs the trainer in the middle of a checkpoint write; returns what it left.
+
+  Seen once, a write may end before the trainer stops: it is stopped (SIGSTOP)
+  first, and killed only if the write's temporary files are there while it stands.
+  """
+  while True:
+    helpers.wait_until(lambda: _saving(train_dir), 'checkpoint write', task)
+    task.send(signal.SIGSTOP)
+    helpers.wait_until(lambda: helpers.process_state(task.pid) == 'T', 'stopped trainer',
+                       task)
+    left = _saving(train_dir)
+    if left:
+      task.kill()
+      return left
+    task.send(signal.SIGCONT)
 
 
 @pytest.mark.slow
-def test_cli_killed_mid_run_resumes_from_last_complete_checkpoint(sample, tmp_path):
-  args = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
-          *sample.flags, '--train_dir=%s' % tmp_path, '--save_every_n_steps=2',
-          '--summary_steps=0', '--log_frequency=1']
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  for kill_after_saves in (3, 5):  # two different moments; saves come every ~50 ms
-    proc = subprocess.Popen(args + ['--max_steps=100000'], stdout=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-    deadline, saves = time.time() + TIMEOUT_SECS, 0
-    while saves < kill_after_saves and time.time() < deadline:
-      saves += proc.stdout.readline().startswith('Saved checkpoint')
-    time.sleep(0.03 * kill_after_saves)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
-    state = tf.train.get_checkpoint_state(str(tmp_path))
-    saved_step = int(state.model_checkpoint_path.rsplit('-', 1)[1])
-    code, out, err = _cli(*args[2:], '--max_steps=%d' % (saved_step + 2))
-    assert code == 0, err
-    assert 'Resuming from %s/model.ckpt-%d at step %d' % (tmp_path, saved_step,
-                                                          saved_step) in out
-    assert _steps(out) == [saved_step + 1, saved_step + 2]
+def test_cli_killed_mid_save_resumes_from_last_complete_checkpoint(sample, tmp_path, tasks):
+  train_dir = tmp_path / 'train'
+  args = _trainer('--batch_size=8', *sample.flags, '--train_dir=%s' % train_dir,
+                  '--save_every_n_steps=2', '--summary_steps=0', '--log_frequency=1')
+  first = tasks(args + ['--max_steps=100000'])
+  first.wait_for(helpers.SAVED_LINE, 'a first checkpoint')  # one to resume from
+  left = _kill_in_a_save(first, train_dir)
+  saved_step = int(tf.train.get_checkpoint_state(str(train_dir)).model_checkpoint_path
+                   .rsplit('-', 1)[1])
+
+  # Resumed, and killed in a save again, another one.
+  second = tasks(args + ['--max_steps=100000'])
+  resuming = 'Resuming from %s/model.ckpt-%d at step %d' % (train_dir, saved_step, saved_step)
+  second.wait_for(lambda line: line == resuming, 'resuming from step %d' % saved_step)
+  removed = second.wait_for(re.compile(r'^Removed what interrupted runs left in %s: (.*)\.$'
+                                       % re.escape(str(train_dir))), 'the leftovers removed')
+  assert set(left) <= set(removed.group(1).split(', ')), second.log()
+  second.wait_for(lambda m: (m := helpers.SAVED_LINE.match(m)) and
+                  int(m.group(1)) > saved_step, 'a checkpoint past step %d' % saved_step)
+  _kill_in_a_save(second, train_dir)
+  saved_step = int(tf.train.get_checkpoint_state(str(train_dir)).model_checkpoint_path
+                   .rsplit('-', 1)[1])
+
+  done = helpers.run(args + ['--max_steps=%d' % (saved_step + 2)])
+  assert done.code == 0, done.log()
+  assert 'Resuming from %s/model.ckpt-%d at step %d' % (train_dir, saved_step,
+                                                        saved_step) in done.out, done.log()
+  assert 'Removed what interrupted runs left in %s' % train_dir in done.out, done.log()
+  assert helpers.steps(helpers.LOSS_LINE, done.out.splitlines()) == [saved_step + 1,
+                                                                     saved_step + 2]
 
 
+@pytest.mark.slow
 def test_cli_log_device_placement_towers_on_own_devices_variables_on_cpu0(tmp_path):
-  code, out, err = _cli('--num_gpus=2', '--synthetic', '--batch_size=8', '--max_steps=1',
-                        '--log_device_placement', '--train_dir=%s' % tmp_path)
-  assert code == 0, err
-  placed = dict(re.findall(r'^(\S+): \(\w+\): (\S+)$', out, re.M))
+  done = helpers.run(_trainer('--num_gpus=2', '--synthetic', '--batch_size=8', '--max_steps=1',
+                              '--log_device_placement', '--train_dir=%s' % tmp_path))
+  assert done.code == 0, done.log()
+  placed = dict(re.findall(r'^(\S+): \(\w+\): (\S+)$', done.out, re.M))
   assert placed['tower_0/conv1/Conv2D'].endswith('/device:CPU:0')
   assert placed['tower_1/conv1/Conv2D'].endswith('/device:CPU:1')
   assert placed['tower_1/local3/MatMul'].endswith('/device:CPU:1')
   for var in ('conv1/weights', 'local3/weights', 'global_step'):
     assert placed[var].endswith('/device:CPU:0'), var
-  assert 'input: synthetic' in out and _steps(out) == [1]
+  assert 'input: synthetic' in done.out
+  assert helpers.steps(helpers.LOSS_LINE, done.out.splitlines()) == [1]
 
 
-def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_path):
-  args = [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
-          *sample.flags, '--train_dir=%s' % tmp_path, '--summary_steps=0',
-          '--log_frequency=1', '--max_steps=100000']  # saves every 1000: none before Ctrl-C
-  proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), cwd=ROOT)
-  deadline, logged = time.time() + TIMEOUT_SECS, 0
-  while logged < 5 and time.time() < deadline:
-    logged += bool(LOG_LINE.match(proc.stdout.readline().rstrip('\n')))
-  proc.send_signal(signal.SIGINT)
-  out, err = proc.communicate(timeout=60)
-  assert proc.returncode == 130, err
-  assert 'Traceback' not in err
-  stopped = re.search(r'^Stopped by Ctrl-C at step (\d+); rerun the same command', out, re.M)
-  assert stopped, out
-  step = int(stopped.group(1))
-  assert step >= 5 and 'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, step) in out
-  assert tf.train.load_checkpoint(str(tmp_path)).get_tensor('global_step') == step
+@pytest.mark.slow
+def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_path, tasks,
+                                                                capsys):
+  trainer = tasks(_trainer('--batch_size=8', *sample.flags, '--train_dir=%s' % tmp_path,
+                           '--summary_steps=0', '--log_frequency=1',
+                           '--max_steps=100000'))  # saves every 1000: none before Ctrl-C
+  trainer.wait_for(lambda line: (m := helpers.LOSS_LINE.match(line)) and int(m.group(1)) >= 5,
+                   'the loss line of step 5')
+  trainer.send(signal.SIGINT)
+  assert trainer.finish() == 130, trainer.log()
+  assert 'Traceback' not in trainer.err
+  [stopped] = helpers.matches(helpers.STOPPED_LINE, trainer.out_lines)
+  step = int(stopped.group(2))
+  assert stopped.group(1) == 'Ctrl-C' and step >= 5, trainer.log()
+  assert 'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, step) in trainer.out_lines
+  assert helpers.global_step(tmp_path) == step
+  multi_gpu_train.train(_settings(sample, tmp_path, max_steps=step + 1))
+  assert ('Resuming from %s/model.ckpt-%d at step %d' % (tmp_path, step, step)
+          in capsys.readouterr().out)
+  assert helpers.global_step(tmp_path) == step + 1

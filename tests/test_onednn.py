@@ -6,19 +6,12 @@ subprocess: this test process has TensorFlow imported with whatever it was given
 """
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-import conftest
+import helpers
 import onednn
-# The seeded runs' own readers: the event files' losses, the checkpoint's variables.
-from test_seed import _losses, _variables
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_SECS = 300
 AVX2_ONLY = {'fpu', 'sse4_2', 'avx', 'avx2', 'fma'}  # this project's AMD EPYC
 TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own, at import
 
@@ -112,19 +105,11 @@ def test_start_line_and_record_name_setting_and_reason():
 
 # ---- The programs, in subprocesses: TensorFlow reads the setting at import ----------
 
-@pytest.fixture(scope='module')
-def sample(tmp_path_factory):
-  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=40)
-
-
 def _run(program, *args, env=None):
-  environ = dict(os.environ)
-  environ.pop(onednn.ENV, None)
-  environ.pop(onednn.SET_HERE_ENV, None)
-  done = subprocess.run([sys.executable, os.path.join(ROOT, program)] + list(args),
-                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT,
-                        env=dict(environ, **(env or {})))
-  assert done.returncode == 0, done.stdout + done.stderr
+  """program, as a user runs it, with TF_ENABLE_ONEDNN_OPTS only as env gives it."""
+  done = helpers.run([program] + list(args), env=helpers.user_env(**dict(
+      {onednn.ENV: None, onednn.SET_HERE_ENV: None}, **(env or {}))))
+  assert done.code == 0, done.log()
   return done
 
 
@@ -139,36 +124,54 @@ def test_trainer_startup_flag_env_and_default_reach_tensorflow_and_the_record(tm
   tiny = ['--synthetic', '--batch_size=4', '--max_steps=1', '--summary_steps=0']
   off = _run('multi_gpu_train.py', '--onednn=off', '--train_dir=%s' % (tmp_path / 'off'),
              *tiny)
-  assert 'oneDNN off: --onednn=off\n' in off.stdout
-  assert TF_ONEDNN_LINE not in off.stderr  # TensorFlow read it at import
+  assert 'oneDNN off: --onednn=off\n' in off.out, off.log()
+  assert TF_ONEDNN_LINE not in off.err  # TensorFlow read it at import
   assert _record(tmp_path / 'off')['onednn'] == dict(on=False, how='flag', why='--onednn=off')
 
   env = _run('multi_gpu_train.py', '--onednn=off', '--train_dir=%s' % (tmp_path / 'env'),
              *tiny, env={onednn.ENV: '1'})
   assert ('oneDNN on: TF_ENABLE_ONEDNN_OPTS=1 set in the environment, which wins over '
-          '--onednn=off\n') in env.stdout
-  assert TF_ONEDNN_LINE in env.stderr
+          '--onednn=off\n') in env.out
+  assert TF_ONEDNN_LINE in env.err, env.log()
   assert _record(tmp_path / 'env')['onednn']['how'] == 'environment'
 
   default = _run('multi_gpu_train.py', '--train_dir=%s' % (tmp_path / 'auto'), *tiny)
   expected = onednn.decide('auto', {}, onednn.platform.machine(), onednn.cpu_flags())
-  assert onednn.start_line(expected) + '\n' in default.stdout
-  assert (TF_ONEDNN_LINE in default.stderr) == bool(expected.on)
+  assert onednn.start_line(expected) + '\n' in default.out, default.log()
+  assert (TF_ONEDNN_LINE in default.err) == bool(expected.on)
   assert _record(tmp_path / 'auto')['onednn'] == onednn.record(expected)
 
   seeded = _run('multi_gpu_train.py', '--seed=3', '--train_dir=%s' % (tmp_path / 'seed'),
                 *tiny)
-  assert onednn.start_line(expected) + '\n' in seeded.stdout  # --seed chooses alike
-  assert (TF_ONEDNN_LINE in seeded.stderr) == bool(expected.on)
+  assert onednn.start_line(expected) + '\n' in seeded.out, seeded.log()  # --seed chooses alike
+  assert (TF_ONEDNN_LINE in seeded.err) == bool(expected.on)
 
 
 # ---- --seed with oneDNN on: still repeats exactly ------------------------------------
 
+LOSS_TAG = '1_loss/total_loss'
+
+
 def _seeded(sample, train_dir, *extra):
   done = _run('multi_gpu_train.py', '--onednn=on', '--seed=7', '--summary_steps=1',
-              '--log_frequency=1', '--train_dir=%s' % train_dir, *(sample.flags + list(extra)))
-  assert 'oneDNN on: --onednn=on' in done.stdout and TF_ONEDNN_LINE in done.stderr
+              '--log_frequency=1', '--num_gpus=2', '--batch_size=8',
+              '--train_dir=%s' % train_dir, *(sample.flags + list(extra)))
+  assert 'oneDNN on: --onednn=on' in done.out and TF_ONEDNN_LINE in done.err, done.log()
   return done
+
+
+@pytest.fixture(scope='module')
+def seeded_runs(sample, tmp_path_factory):
+  """Three seeded runs with oneDNN on, to step 8: two whole, one cut at step 3 and resumed.
+
+  Returns {name: train dir} for 'a', 'b' and 'cut'.
+  """
+  root = tmp_path_factory.mktemp('seeded')
+  for name in ('a', 'b'):
+    _seeded(sample, root / name, '--max_steps=8')
+  _seeded(sample, root / 'cut', '--max_steps=3')
+  assert 'Resuming from' in _seeded(sample, root / 'cut', '--max_steps=8').out
+  return {name: root / name for name in ('a', 'b', 'cut')}
 
 
 def _assert_identical(a, b):
@@ -178,17 +181,16 @@ def _assert_identical(a, b):
 
 
 @pytest.mark.slow
-def test_seeded_runs_with_onednn_on_twice_bit_identical(sample, tmp_path):
-  for name in ('a', 'b'):
-    _seeded(sample, tmp_path / name, '--num_gpus=2', '--batch_size=8', '--max_steps=6')
-  assert _losses(tmp_path / 'a') == _losses(tmp_path / 'b')  # bit for bit
-  _assert_identical(_variables(tmp_path / 'a'), _variables(tmp_path / 'b'))
+@pytest.mark.xdist_group('onednn_seeded_runs')
+def test_seeded_runs_with_onednn_on_twice_bit_identical(seeded_runs):
+  a, b = seeded_runs['a'], seeded_runs['b']
+  assert sorted(helpers.scalars(a, LOSS_TAG)) == list(range(9))  # 0..7, and the end
+  assert helpers.scalars(a, LOSS_TAG) == helpers.scalars(b, LOSS_TAG)  # bit for bit
+  _assert_identical(helpers.checkpoint(a), helpers.checkpoint(b))
 
 
 @pytest.mark.slow
-def test_seeded_run_with_onednn_on_resumed_equals_uninterrupted(sample, tmp_path):
-  common = ('--num_gpus=2', '--batch_size=8')
-  _seeded(sample, tmp_path / 'whole', '--max_steps=8', *common)
-  _seeded(sample, tmp_path / 'cut', '--max_steps=3', *common)
-  assert 'Resuming from' in _seeded(sample, tmp_path / 'cut', '--max_steps=8', *common).stdout
-  _assert_identical(_variables(tmp_path / 'whole'), _variables(tmp_path / 'cut'))
+@pytest.mark.xdist_group('onednn_seeded_runs')
+def test_seeded_run_with_onednn_on_resumed_equals_uninterrupted(seeded_runs):
+  _assert_identical(helpers.checkpoint(seeded_runs['a']),
+                    helpers.checkpoint(seeded_runs['cut']))

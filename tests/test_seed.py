@@ -1,12 +1,8 @@
 """--seed: runs that repeat exactly, whatever the towers, interrupted or not; run records."""
-import glob
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -14,12 +10,10 @@ from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 import cifar10
-import conftest
+import helpers
 import multi_gpu_train
 import onednn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_SECS = 120
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later
 # a rounding difference can flip a max-pool's choice or a ReLU, and training amplifies
@@ -28,11 +22,7 @@ TIMEOUT_SECS = 120
 STEPS_TO_COMPARE = 4
 LOSS_ATOL = 2e-5
 VARIABLE_ATOL = 1e-4
-
-
-@pytest.fixture(scope='module')
-def sample(tmp_path_factory):
-  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=40)
+LOSS_TAG = multi_gpu_train.LOSS_TAGS + 'total_loss'
 
 
 def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **kwargs):
@@ -43,17 +33,7 @@ def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **k
 
 def _losses(train_dir):
   """{step: total_loss} over every event file of the directory, exactly as written."""
-  losses = {}
-  for path in sorted(glob.glob(os.path.join(str(train_dir), 'events.out.tfevents.*'))):
-    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
-    events.Reload()
-    losses.update((e.step, e.value) for e in events.Scalars('1_loss/total_loss'))
-  return losses
-
-
-def _variables(train_dir):
-  reader = tf.train.load_checkpoint(str(train_dir))
-  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+  return helpers.scalars(train_dir, LOSS_TAG)
 
 
 def _assert_identical(a, b):
@@ -67,7 +47,7 @@ def test_same_seed_twice_identical_losses_and_checkpoints(sample, tmp_path):
   _train(sample, tmp_path / 'b', num_gpus=2)
   assert sorted(_losses(tmp_path / 'a')) == list(range(7))  # 0..5, and the end
   assert _losses(tmp_path / 'a') == _losses(tmp_path / 'b')  # bit for bit
-  _assert_identical(_variables(tmp_path / 'a'), _variables(tmp_path / 'b'))
+  _assert_identical(helpers.checkpoint(tmp_path / 'a'), helpers.checkpoint(tmp_path / 'b'))
   _train(sample, tmp_path / 'c', num_gpus=2, seed=8)  # and the seed matters
   assert _losses(tmp_path / 'c')[1] != _losses(tmp_path / 'a')[1]
 
@@ -98,25 +78,23 @@ def test_towers_see_the_same_images_whatever_the_split_and_resume_exactly(sample
 
 
 def _cli(sample, train_dir, *extra):
-  return [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--seed=7',
-          '--batch_size=8', '--num_gpus=2', '--summary_steps=0', '--log_frequency=1',
+  return ['multi_gpu_train.py', '--seed=7', '--batch_size=8', '--num_gpus=2',
+          '--summary_steps=0', '--log_frequency=1',
           '--train_dir=%s' % train_dir] + sample.flags + list(extra)
 
 
 def _cli_seeded_run(sample, train_dir, num_gpus, batch_size, onednn_flag):
   """multi_gpu_train.py --seed=7 as a user runs it, with --onednn=onednn_flag."""
-  environ = {k: v for k, v in os.environ.items() if k not in (onednn.ENV, onednn.SET_HERE_ENV)}
-  done = subprocess.run(_cli(sample, train_dir, '--num_gpus=%d' % num_gpus,
-                             '--batch_size=%d' % batch_size, '--summary_steps=1',
-                             '--max_steps=%d' % STEPS_TO_COMPARE,
-                             '--onednn=' + onednn_flag),
-                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT,
-                        env=environ)
-  assert done.returncode == 0, done.stderr
-  assert 'oneDNN %s: --onednn=%s' % (onednn_flag, onednn_flag) in done.stdout
-  return _losses(train_dir), _variables(train_dir)
+  done = helpers.run(_cli(sample, train_dir, '--num_gpus=%d' % num_gpus,
+                          '--batch_size=%d' % batch_size, '--summary_steps=1',
+                          '--max_steps=%d' % STEPS_TO_COMPARE, '--onednn=' + onednn_flag),
+                     env=helpers.user_env(**{onednn.ENV: None, onednn.SET_HERE_ENV: None}))
+  assert done.code == 0, done.log()
+  assert 'oneDNN %s: --onednn=%s' % (onednn_flag, onednn_flag) in done.out, done.log()
+  return _losses(train_dir), helpers.checkpoint(train_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('onednn_flag', ['off', 'on'])
 def test_tower_splits_agree_with_one_tower_on_the_joined_batch(sample, tmp_path, onednn_flag):
   one, one_variables = _cli_seeded_run(sample, tmp_path / 'one', 1, 64, onednn_flag)
@@ -134,39 +112,39 @@ def test_tower_splits_agree_with_one_tower_on_the_joined_batch(sample, tmp_path,
                                  atol=VARIABLE_ATOL, err_msg='%d towers: %s' % (num_gpus, name))
 
 
-@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGKILL], ids=['ctrl-c', 'kill-9'])
-def test_interrupted_and_resumed_equals_uninterrupted(sample, tmp_path, sig):
-  done = subprocess.run(_cli(sample, tmp_path / 'whole', '--max_steps=12'),
-                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
-  assert done.returncode == 0, done.stderr
+@pytest.fixture(scope='module')
+def uninterrupted(sample, tmp_path_factory):
+  """The checkpoint of a seeded command-line run of 12 steps, never interrupted."""
+  train_dir = tmp_path_factory.mktemp('uninterrupted')
+  done = helpers.run(_cli(sample, train_dir, '--max_steps=12'))
+  assert done.code == 0, done.log()
+  return helpers.checkpoint(train_dir)
 
-  stop_at = int(np.random.default_rng().integers(4, 11))  # past the first save (step 3)
-  proc = subprocess.Popen(_cli(sample, tmp_path / 'cut', '--max_steps=12',
-                               '--save_every_n_steps=3'),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-  try:
-    deadline = time.time() + TIMEOUT_SECS
-    while time.time() < deadline:
-      line = proc.stdout.readline()
-      if re.search(r': step %d, loss' % stop_at, line) or not line:
-        break
-    proc.send_signal(sig)
-    proc.communicate(timeout=TIMEOUT_SECS)
-  finally:
-    proc.kill()
-  # stop_at goes into each message: a failure names the step it stopped at.
-  assert proc.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL), stop_at
-  done = subprocess.run(_cli(sample, tmp_path / 'cut', '--max_steps=12'),
-                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
-  assert done.returncode == 0 and 'Resuming from' in done.stdout, (stop_at, done.stderr)
-  _assert_identical(_variables(tmp_path / 'whole'), _variables(tmp_path / 'cut'))
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('seed_uninterrupted')
+@pytest.mark.parametrize('sig, after_step', [
+    (signal.SIGINT, 4),    # one step past the save of step 3: it saves where it stops
+    (signal.SIGKILL, 7),   # one past the save of step 6: resumed from there, 7 and on again
+], ids=['ctrl-c-after-step-4', 'kill-9-after-step-7'])
+def test_interrupted_and_resumed_equals_uninterrupted(sample, tmp_path, tasks, uninterrupted,
+                                                      sig, after_step):
+  cut = tasks(_cli(sample, tmp_path, '--max_steps=12', '--save_every_n_steps=3'))
+  cut.wait_for(lambda line: (m := helpers.LOSS_LINE.match(line)) and
+               int(m.group(1)) == after_step, 'the loss line of step %d' % after_step)
+  cut.send(sig)
+  assert cut.finish() == (130 if sig == signal.SIGINT else -signal.SIGKILL), cut.log()
+  done = helpers.run(_cli(sample, tmp_path, '--max_steps=12'))
+  assert done.code == 0, done.log()
+  resumed = helpers.matches(helpers.RESUMING_LINE, done.out.splitlines())
+  assert resumed and int(resumed[0].group(2)) >= 3, done.log()  # past the first save
+  _assert_identical(uninterrupted, helpers.checkpoint(tmp_path))
 
 
 def test_seed_with_async_towers_refused(sample, tmp_path):
-  done = subprocess.run(_cli(sample, tmp_path, '--async_towers', '--max_steps=2'),
-                        capture_output=True, text=True, timeout=TIMEOUT_SECS, cwd=ROOT)
-  assert done.returncode == 1 and 'error: --seed cannot repeat an --async_towers run' in (
-      done.stderr), done.stderr
+  done = helpers.run(_cli(sample, tmp_path, '--async_towers', '--max_steps=2'))
+  assert done.code == 1 and 'error: --seed cannot repeat an --async_towers run' in (
+      done.err), done.log()
   assert not os.path.exists(tmp_path / 'checkpoint')
 
 
@@ -185,8 +163,8 @@ def test_run_record_holds_an_edited_constant_in_json_and_tensorboard(sample, tmp
   assert record['data'] == {'data_dir': sample.dir,  # what was read, not the official URL
                             'copy': 'your own archive, md5 %s (--data_md5)' % sample.md5}
 
-  events = event_accumulator.EventAccumulator(
-      glob.glob(str(tmp_path / 'events.out.tfevents.*'))[0], size_guidance={'tensors': 0})
+  events = event_accumulator.EventAccumulator(helpers.event_files(tmp_path)[0],
+                                              size_guidance={'tensors': 0})
   events.Reload()
   text = tf.make_ndarray(events.Tensors('run_record')[0].tensor_proto).item().decode()
   assert '"INITIAL_LEARNING_RATE": 0.05' in text

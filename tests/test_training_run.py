@@ -11,65 +11,32 @@ import re
 import resource
 import shutil
 import signal
-import subprocess
 import sys
-import time
 
 import pytest
 import tensorflow as tf
 
-import conftest
+import helpers
 import multi_gpu_train
 import training_run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER = os.path.join(ROOT, 'multi_gpu_train.py')
-TIMEOUT_SECS = 120
-LOSS_LINE = re.compile(r'^\S+ \S+: step (\d+), loss = ')
-
-
-@pytest.fixture(scope='module')
-def sample(tmp_path_factory):
-  return conftest.write_sample(tmp_path_factory.mktemp('data'), records_per_file=40)
+TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
 
 def _args(sample, train_dir, *extra):
+  """The trainer's command line. Run by this Python without -u: it flushes its lines itself."""
   return [sys.executable, TRAINER, '--batch_size=8', '--summary_steps=0',
           '--log_frequency=1', '--train_dir=%s' % train_dir] + sample.flags + list(extra)
 
 
-def _run(args, **kwargs):
-  done = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_SECS,
-                        cwd=ROOT, **kwargs)
-  return done.returncode, done.stdout, done.stderr
-
-
-def _start(args):
-  return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=ROOT)
-
-
-def _read_until(proc, pattern):
-  """Reads proc's stdout up to the first line matching pattern; returns the lines read."""
-  lines, deadline = [], time.time() + TIMEOUT_SECS
-  while time.time() < deadline:
-    line = proc.stdout.readline()
-    if not line:
-      raise AssertionError('exited (%s) before %r:\n%s' % (proc.wait(), pattern,
-                                                           ''.join(lines)))
-    lines.append(line)
-    if re.search(pattern, line):
-      return lines
-  raise AssertionError('no %r within %d s' % (pattern, TIMEOUT_SECS))
+def _eval(sample, checkpoint_dir, eval_dir):
+  return helpers.run(['cifar10_eval.py', '--run_once', '--checkpoint_dir=%s' % checkpoint_dir,
+                      '--eval_dir=%s' % eval_dir] + sample.flags)
 
 
 def _files(directory):
   return {os.path.basename(p): os.path.getsize(p)
           for p in glob.glob(os.path.join(directory, '*'))}
-
-
-def _step(train_dir):
-  return int(tf.train.load_checkpoint(train_dir).get_tensor('global_step'))
 
 
 def _train(sample, train_dir, max_steps, save_every_n_steps=2):
@@ -78,82 +45,100 @@ def _train(sample, train_dir, max_steps, save_every_n_steps=2):
       summary_steps=0, save_every_n_steps=save_every_n_steps, data_md5=sample.md5))
 
 
+def _split(lines, marker):
+  """The lines before marker and after it."""
+  at = lines.index(marker)
+  return lines[:at], lines[at + 1:]
+
+
 # ---- A second trainer on one directory; SIGTERM; readers not blocked --------------
 
-def test_second_trainer_stops_naming_pid_eval_reads_and_sigterm_saves(sample, tmp_path):
+@pytest.mark.slow
+def test_second_trainer_stops_naming_pid_eval_reads_and_sigterm_saves(sample, tmp_path, tasks):
   train_dir = tmp_path / 'train'
-  first = _start(_args(sample, train_dir, '--max_steps=100000', '--save_every_n_steps=3'))
-  try:
-    _read_until(first, r'^Saved checkpoint .*model\.ckpt-3$')
+  first = tasks(_args(sample, train_dir, '--max_steps=100000', '--save_every_n_steps=3'))
+  first.wait_for(lambda line: line == 'Saved checkpoint %s/model.ckpt-3' % train_dir,
+                 'checkpoint of step 3')
 
-    code, out, err = _run(_args(sample, train_dir, '--max_steps=100000'))
-    assert code == 1, err
-    assert ('error: %s is in use by another trainer (PID %d)' % (train_dir, first.pid)
-            in err.splitlines()[-1])
-    assert 'Starting' not in out and 'Resuming' not in out and 'Saved' not in out
+  second = helpers.run(_args(sample, train_dir, '--max_steps=100000'))
+  assert second.code == 1, second.log()
+  assert ('error: %s is in use by another trainer (PID %d)' % (train_dir, first.pid)
+          in second.err.splitlines()[-1]), second.log()
+  assert not re.search('Starting|Resuming|Saved', second.out), second.log()
 
-    # The evaluation program only reads: it is not blocked by the lock.
-    code, out, err = _run([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
-                           '--run_once', '--checkpoint_dir=%s' % train_dir,
-                           '--eval_dir=%s' % (tmp_path / 'eval')] + sample.flags)
-    assert code == 0 and 'precision @ 1 = ' in out, err
+  # The evaluation program only reads: it is not blocked by the lock.
+  evaluated = _eval(sample, train_dir, tmp_path / 'eval')
+  assert evaluated.code == 0 and 'precision @ 1 = ' in evaluated.out, evaluated.log()
 
-    first.send_signal(signal.SIGTERM)
-    out, err = first.communicate(timeout=TIMEOUT_SECS)
-  finally:
-    first.kill()
-  assert first.returncode == 143, err
-  stopped = re.search(r'^Stopped by SIGTERM at step (\d+); rerun the same command to '
-                      r'resume\.$', out, re.M)
-  assert stopped, out
-  step = int(stopped.group(1))
-  assert step > 3 and 'Saved checkpoint %s/model.ckpt-%d' % (train_dir, step) in out
-  assert _step(str(train_dir)) == step and 'Traceback' not in err
+  first.send(signal.SIGTERM)
+  assert first.finish() == 143, first.log()
+  [stopped] = helpers.matches(helpers.STOPPED_LINE, first.out_lines)
+  step = int(stopped.group(2))
+  assert stopped.group(1) == 'SIGTERM' and step > 3, first.log()
+  assert 'Saved checkpoint %s/model.ckpt-%d' % (train_dir, step) in first.out_lines
+  assert helpers.global_step(train_dir) == step and 'Traceback' not in first.err
 
 
-def test_lock_of_a_killed_trainer_is_released(tmp_path):
-  holder = _start([sys.executable, '-c', 'import sys, time, training_run; '
-                   'lock = training_run.lock_train_dir(sys.argv[1]); print("locked", '
-                   'flush=True); time.sleep(100)', str(tmp_path)])
-  try:
-    _read_until(holder, '^locked$')
-    with pytest.raises(training_run.TrainingError, match='PID %d' % holder.pid):
-      training_run.lock_train_dir(str(tmp_path))
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(timeout=30)
-  finally:
-    holder.kill()
-    holder.stdout.close()
-    holder.stderr.close()
+def test_lock_of_a_killed_trainer_is_released(tmp_path, tasks):
+  holder = tasks([sys.executable, '-c', 'import sys, time, training_run; '
+                  'lock = training_run.lock_train_dir(sys.argv[1]); print("locked", '
+                  'flush=True); time.sleep(600)', str(tmp_path)])
+  holder.wait_for(lambda line: line == 'locked', 'the lock')
+  with pytest.raises(training_run.TrainingError, match='PID %d' % holder.pid):
+    training_run.lock_train_dir(str(tmp_path))
+  holder.send(signal.SIGKILL)
+  assert holder.finish() == -signal.SIGKILL
   lock = training_run.lock_train_dir(str(tmp_path))  # the kernel released it
   lock.close()
 
 
 # ---- An interrupt is never lost ------------------------------------------------
 
-@pytest.mark.parametrize('sig, after, code, name', [
-    (signal.SIGINT, r'^TensorFlow \d', 130, 'Ctrl-C'),          # while building the graph
-    (signal.SIGINT, r'^Starting from step 0', 130, 'Ctrl-C'),   # during the first step
-    (signal.SIGTERM, r'^Starting from step 0', 143, 'SIGTERM'),
-], ids=['ctrl-c-building', 'ctrl-c-first-step', 'sigterm-first-step'])
-def test_signal_early_in_run_stops_it_without_traceback(sample, tmp_path, sig, after, code,
-                                                        name):
-  proc = _start(_args(sample, tmp_path, '--max_steps=100000'))
-  try:
-    lines = _read_until(proc, after)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=TIMEOUT_SECS)
-  finally:
-    proc.kill()
-  out = ''.join(lines) + out
-  assert proc.returncode == code, err
-  assert 'Traceback' not in err and 'KeyboardInterrupt' not in err
-  stopped = re.search(r'^Stopped by %s at step (\d+)' % name, out, re.M)
-  assert stopped, out
+SIGNALLED = '-- the test sent its signal here --'  # helpers.send_and_mark's line
+
+
+def test_ctrl_c_while_building_the_graph_stops_before_the_session(sample, tmp_path, tasks):
+  # The data check's line comes just before the graph is built (start()), and reaches
+  # a pipe at once only if the trainer flushes it: Python, unless PYTHONUNBUFFERED is
+  # set, would hold it back until the session opens. A few towers make the build a
+  # few seconds long.
+  trainer = tasks(_args(sample, tmp_path, '--max_steps=100000', '--num_gpus=4'),
+                  env=helpers.user_env(PYTHONUNBUFFERED=None))
+  trainer.wait_for(lambda line: line.startswith('CIFAR-10 copy with md5 %s' % sample.md5),
+                   'the data check\'s line')
+  helpers.send_and_mark(trainer, signal.SIGINT, SIGNALLED)
+  assert trainer.finish() == 130, trainer.log()
+  before, after = _split(trainer.out_lines, SIGNALLED)
+  # The signal came before the graph was done: nothing that follows the build had
+  # been written yet (the run record is the first).
+  assert not [line for line in before if re.match('Run record|TensorFlow|Starting|Saved',
+                                                  line)], trainer.log()
+  assert after[-1] == ('Stopped by Ctrl-C at step 0 before any step; rerun the same '
+                       'command to resume.'), trainer.log()
+  assert not [line for line in after if line.startswith('Saved')], trainer.log()
+  assert 'Traceback' not in trainer.err and 'KeyboardInterrupt' not in trainer.err
+
+
+@pytest.mark.parametrize('sig, code, name', [
+    (signal.SIGINT, 130, 'Ctrl-C'),
+    (signal.SIGTERM, 143, 'SIGTERM'),
+], ids=['ctrl-c', 'sigterm'])
+def test_signal_in_first_steps_stops_after_the_step_under_way_without_traceback(
+    sample, tmp_path, tasks, sig, code, name):
+  trainer = tasks(_args(sample, tmp_path, '--max_steps=100000'))
+  trainer.wait_for(helpers.LOSS_LINE, 'the first step')  # the building test has step 0
+  helpers.send_and_mark(trainer, sig, SIGNALLED)
+  assert trainer.finish() == code, trainer.log()
+  assert 'Traceback' not in trainer.err and 'KeyboardInterrupt' not in trainer.err
+  before, after = _split(trainer.out_lines, SIGNALLED)
+  stopped = re.match(r'^Stopped by %s at step (\d+)' % name, after[-1])
+  assert stopped, trainer.log()
   step = int(stopped.group(1))
-  assert step <= 3  # stopped at once, not after training on
-  if step:
-    assert _step(str(tmp_path)) == step
+  # At once: the step under way when the signal came, if any, and no other.
+  assert len(helpers.matches(helpers.LOSS_LINE, after)) <= 1, trainer.log()
+  assert helpers.steps(helpers.LOSS_LINE, before + after)[-1] == step
+  assert 'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, step) in after
+  assert helpers.global_step(tmp_path) == step
 
 
 # ---- A directory that can be moved or copied --------------------------------------
@@ -184,7 +169,7 @@ def test_moved_directory_with_absolute_state_file_resumes_saying_so(sample, tmp_
   assert ('names %s/model.ckpt-4; using %s/model.ckpt-4 in this directory'
           % (tmp_path / 'old', tmp_path / 'new')) in out
   assert 'Resuming from %s/model.ckpt-4 at step 4' % (tmp_path / 'new') in out
-  assert _step(str(tmp_path / 'new')) == 6
+  assert helpers.global_step(tmp_path / 'new') == 6
 
 
 def test_copied_directory_resumes_from_its_own_files_original_untouched(sample, tmp_path,
@@ -197,7 +182,7 @@ def test_copied_directory_resumes_from_its_own_files_original_untouched(sample, 
   (tmp_path / 'copy' / 'model.ckpt-2.index').unlink()  # the copy's own, told apart
   _train(sample, tmp_path / 'copy', max_steps=6)
   assert _files(tmp_path / 'original') == before
-  assert _step(str(tmp_path / 'copy')) == 6
+  assert helpers.global_step(tmp_path / 'copy') == 6
 
 
 def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
@@ -208,7 +193,7 @@ def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
   backup = re.search(r'to (\S+/replaced-\S+):', capsys.readouterr().out).group(1)
   _train(sample, backup, max_steps=6)
   assert 'Resuming from %s/model.ckpt-4 at step 4' % backup in capsys.readouterr().out
-  assert _step(backup) == 6
+  assert helpers.global_step(backup) == 6
 
 
 # ---- Checkpoint bookkeeping across restarts -------------------------------------
@@ -222,22 +207,20 @@ def test_rotation_continues_across_restarts(sample, tmp_path, monkeypatch):
 
 
 def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp_path):
-  code, out, err = _run(_args(sample, tmp_path, '--max_steps=2'))
-  assert code == 0, err
+  _train(sample, tmp_path, max_steps=2)
   before = _files(tmp_path)
   state = (tmp_path / 'checkpoint').read_bytes()
 
   def limit_file_size():  # the checkpoint (8.5 MB) cannot be written; the lock can
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-  code, out, err = _run(_args(sample, tmp_path, '--max_steps=4'),
-                        preexec_fn=limit_file_size)
-  assert code == 1, err
-  error = [line for line in err.splitlines() if line.startswith('error')]  # not oneDNN's
-  assert error == ['error: cannot write checkpoint %s/model.ckpt-4: File too large. Free '
-                   'space or raise the file-size limit (ulimit -f) for %s, or point '
-                   '--train_dir at a writable disk; the previous checkpoint, step 2, and '
-                   'the state file are untouched.' % (tmp_path, tmp_path)], err
-  assert 'Traceback' not in err
+  done = helpers.run(_args(sample, tmp_path, '--max_steps=4'), preexec_fn=limit_file_size)
+  assert done.code == 1, done.log()
+  assert done.errors == [  # not oneDNN's lines
+      'error: cannot write checkpoint %s/model.ckpt-4: File too large. Free '
+      'space or raise the file-size limit (ulimit -f) for %s, or point '
+      '--train_dir at a writable disk; the previous checkpoint, step 2, and '
+      'the state file are untouched.' % (tmp_path, tmp_path)], done.log()
+  assert 'Traceback' not in done.err
   after = {name: size for name, size in _files(tmp_path).items()
            if not name.startswith('run-')}  # the second run's record is new, rightly
   assert after == {name: size for name, size in before.items() if not name.startswith('run-')}
@@ -254,34 +237,33 @@ def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp
 ], ids=['empty', 'whitespace', 'binary'])
 def test_bad_state_file_one_line_for_trainer_and_eval(sample, tmp_path, content, says):
   (tmp_path / 'checkpoint').write_bytes(content)
-  code, out, err = _run(_args(sample, tmp_path, '--max_steps=2'))
-  assert code == 1 and 'Traceback' not in err, err
-  assert err.strip().splitlines()[-1].startswith('error: %s/checkpoint ' % tmp_path)
-  assert says in err and 'Starting' not in out
-  code, out, err = _run([sys.executable, os.path.join(ROOT, 'cifar10_eval.py'),
-                         '--run_once', '--checkpoint_dir=%s' % tmp_path,
-                         '--eval_dir=%s' % (tmp_path / 'eval')] + sample.flags)
-  assert code == 1 and 'Traceback' not in err and says in err, err
+  done = helpers.run(_args(sample, tmp_path, '--max_steps=2'))
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
+  assert done.err.strip().splitlines()[-1].startswith('error: %s/checkpoint ' % tmp_path)
+  assert says in done.err and 'Starting' not in done.out, done.log()
+  evaluated = _eval(sample, tmp_path, tmp_path / 'eval')
+  assert evaluated.code == 1 and 'Traceback' not in evaluated.err, evaluated.log()
+  assert says in evaluated.err, evaluated.log()
   assert (tmp_path / 'checkpoint').read_bytes() == content
 
 
 def test_train_dir_that_is_a_file_one_line(sample, tmp_path):
   (tmp_path / 'file').write_text('mine')
-  code, out, err = _run(_args(sample, tmp_path / 'file', '--max_steps=2'))
-  assert code == 1 and 'Traceback' not in err, err
+  done = helpers.run(_args(sample, tmp_path / 'file', '--max_steps=2'))
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
   assert ('error: --train_dir %s is a file, not a directory' % (tmp_path / 'file')
-          in err.splitlines()[-1])
+          in done.err.splitlines()[-1]), done.log()
   assert (tmp_path / 'file').read_text() == 'mine'
 
 
 def test_data_dir_that_cannot_be_created_one_line(tmp_path):
   (tmp_path / 'file').write_text('mine')
   data_dir = tmp_path / 'file' / 'data'
-  code, out, err = _run([sys.executable, TRAINER, '--data_dir=%s' % data_dir,
-                         '--train_dir=%s' % (tmp_path / 'train'), '--max_steps=2'])
-  assert code == 1 and 'Traceback' not in err, err
+  done = helpers.run(['multi_gpu_train.py', '--data_dir=%s' % data_dir,
+                      '--train_dir=%s' % (tmp_path / 'train'), '--max_steps=2'])
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
   assert ('error: cannot create --data_dir %s: Not a directory' % data_dir
-          in err.splitlines()[-1])
+          in done.err.splitlines()[-1]), done.log()
   assert not os.path.exists(tmp_path / 'train')
 
 
@@ -293,11 +275,11 @@ def test_another_models_checkpoint_one_line_naming_the_variable(sample, tmp_path
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run(step.assign(5))
       tf.compat.v1.train.Saver().save(sess, str(tmp_path / 'model.ckpt'), global_step=5)
-  code, out, err = _run(_args(sample, tmp_path, '--max_steps=8'))
-  assert code == 1 and 'Traceback' not in err, err
-  line = err.strip().splitlines()[-1]
+  done = helpers.run(_args(sample, tmp_path, '--max_steps=8'))
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
+  line = done.err.strip().splitlines()[-1]
   assert line.startswith('error: cannot restore %s/model.ckpt-5 into this model: '
-                         % tmp_path), line
+                         % tmp_path), done.log()
   assert 'conv1/biases' in line or 'conv1/weights' in line, line
   assert line.endswith('Use another --train_dir, or --fresh to start over.')
 
@@ -430,10 +412,11 @@ import tensorflow as tf
 import training_run
 tf.compat.v1.disable_eager_execution()
 stop = training_run.StopSignals(sys.argv[1])
-dequeue = tf.queue.FIFOQueue(1, tf.float32).dequeue()  # nothing comes: waits in C++
+inside = tf.print('inside sess.run', output_stream=sys.stderr)  # printed by the C++ kernel
+with tf.control_dependencies([inside]):
+  dequeue = tf.queue.FIFOQueue(1, tf.float32).dequeue()  # nothing comes: waits in C++
 config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=30000)
 with tf.compat.v1.Session(config=config) as sess:
-  print('blocked', flush=True)
   try:
     sess.run(dequeue)
   except tf.errors.DeadlineExceededError:
@@ -441,26 +424,24 @@ with tf.compat.v1.Session(config=config) as sess:
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sig, code, name', [(signal.SIGINT, 130, 'Ctrl-C'),
                                              (signal.SIGTERM, 143, 'SIGTERM')])
-def test_second_signal_while_inside_tensorflow_exits_at_once_saying_so(tmp_path, sig, code,
-                                                                      name):
-  proc = _start([sys.executable, '-c', BLOCKED_IN_TENSORFLOW, str(tmp_path)])
-  try:
-    _read_until(proc, '^blocked$')
-    time.sleep(1)  # inside sess.run
-    proc.send_signal(sig)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    second = time.time()
-    out, err = proc.communicate(timeout=TIMEOUT_SECS)
-  finally:
-    proc.kill()
-  assert time.time() - second < 2, (out, err)
-  assert proc.returncode == code, (out, err)
-  assert err.strip().splitlines()[-1] == ('Stopped by a second %s without saving; the last '
-                                          'checkpoint in %s is untouched.' % (name, tmp_path))
-  assert 'timed out' not in out
+def test_second_signal_while_inside_tensorflow_exits_at_once_saying_so(tmp_path, tasks, sig,
+                                                                      code, name):
+  blocked = tasks([sys.executable, '-c', BLOCKED_IN_TENSORFLOW, str(tmp_path)])
+  blocked.wait_for(lambda line: line == 'inside sess.run', 'the main thread in sess.run')
+  blocked.send(sig)
+  # Two signals pending at once are one: the second goes once the first is delivered.
+  helpers.wait_until(lambda: not helpers.signal_pending(blocked.pid, sig),
+                     'delivery of the first signal', blocked)
+  blocked.send(sig)
+  # At once: long before sess.run's 30 s timeout would have ended the wait (a Python
+  # handler runs only then), with the line that says so.
+  assert blocked.finish() == code, blocked.log()
+  assert blocked.err_lines[-1] == ('Stopped by a second %s without saving; the last '
+                                   'checkpoint in %s is untouched.' % (name, tmp_path))
+  assert 'timed out' not in blocked.out, blocked.log()
 
 
 # ---- A write that fails: one line ---------------------------------------------------
@@ -478,10 +459,10 @@ def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
             '  training_run.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
             'except training_run.TrainingError as e:\n'
             '  sys.exit("error: %s" % e)\n')
-  code, out, err = _run([sys.executable, '-c', script, str(tmp_path)],
-                        preexec_fn=_limit_file_size(100))  # TensorFlow's start-up writes less
-  assert code == 1 and 'Traceback' not in err, err
-  line = err.strip().splitlines()[-1]
+  done = helpers.run([sys.executable, '-c', script, str(tmp_path)],
+                     preexec_fn=_limit_file_size(100))  # TensorFlow's start-up writes less
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
+  line = done.err.strip().splitlines()[-1]
   assert re.match(r'error: cannot write the run record %s/run-\d{8}-\d{6}-step3\.json: File '
                   r'too large\. Point --train_dir at a directory you can write to'
                   % re.escape(str(tmp_path)), line), line
@@ -505,12 +486,12 @@ print('went on to the end')
 
 
 def test_summary_writer_over_file_size_limit_says_once_and_goes_on(tmp_path):
-  code, out, err = _run([sys.executable, '-c', SUMMARIES_UNDER_LIMIT, str(tmp_path)],
-                        preexec_fn=_limit_file_size(2000))
-  assert code == 0 and out == 'went on to the end\n', err
-  warnings = [line for line in err.splitlines() if 'cannot write' in line]
-  [path] = glob.glob(str(tmp_path / 'events.out.tfevents.*'))
-  assert len(warnings) == 1 and 'Traceback' not in err, err
+  done = helpers.run([sys.executable, '-c', SUMMARIES_UNDER_LIMIT, str(tmp_path)],
+                     preexec_fn=_limit_file_size(2000))
+  assert done.code == 0 and done.out == 'went on to the end\n', done.log()
+  warnings = [line for line in done.err.splitlines() if 'cannot write' in line]
+  [path] = helpers.event_files(tmp_path)
+  assert len(warnings) == 1 and 'Traceback' not in done.err, done.log()
   steps = []
   with pytest.raises(tf.errors.DataLossError):  # the last record is cut short
     for event in tf.compat.v1.train.summary_iterator(path):
