@@ -192,6 +192,10 @@ def apply_or_skip(apply_fn, all_finite, loss_scale, scale=None):
       # cannot overtake any of their reads.
       with tf.control_dependencies([all_finite]):
         scale = tf.identity(loss_scale.scale, name='scale')
+    # The branches run once the scale is read: a doubling cannot overtake the read
+    # and report its own result as the scale this step was taken at.
+    with tf.control_dependencies([scale]):
+      all_finite = tf.identity(all_finite, name='all_finite')
 
     def apply():
       with tf.control_dependencies([apply_fn()]):
