@@ -732,6 +732,8 @@ def test_fp16_dist_checkpoint_resumed_by_float32_cluster_ignores_loss_scale(
     float32_after_fp16_run):
   train_dir, logs = float32_after_fp16_run
   assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == str(FP16_STEPS)
+  assert re.search(r'^ps tasks \S+ hold 397510 trainable parameters$', '\n'.join(
+      logs['worker0']), re.M)  # the book's network
   assert not [line for line in logs['worker0'] if 'float16' in line or 'skipped' in line]
   checkpoint = helpers.checkpoint(train_dir)
   assert checkpoint['global_step'] == FP16_STEPS + 2
