@@ -87,6 +87,7 @@ def test_eval_after_training_precision_far_above_chance_and_reads_only(trained, 
   assert {'Precision @ 1', '1_loss/cross_entropy'} <= helpers.summary_tags(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('cifar10_eval_trained')
 def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
   tags = helpers.summary_tags(trained[1])
@@ -103,6 +104,7 @@ def test_train_summaries_hold_expected_tags_without_tower_prefix(trained):
   assert groups[:2] == ['1_loss', '2_training'], groups
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('cifar10_eval_trained')
 def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(trained):
   # 400 steps, summaries every 50: the variables at steps 0, 50, ..., 350, then the end.
@@ -121,6 +123,7 @@ def test_resumed_run_stopping_before_next_summary_step_still_writes_one(sample, 
       [0, 5, 7], [9]]
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('cifar10_eval_trained')
 def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained):
   checkpoint = helpers.checkpoint(trained[1])

@@ -223,6 +223,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow
 def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tasks, tmp_path):
   # All at once: each only imports TensorFlow and stops.
   runs = [tasks(['dist_train.py', '--synthetic', '--train_dir=%s' % tmp_path] + flags,

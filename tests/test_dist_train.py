@@ -120,6 +120,7 @@ def test_helpshort_prints_the_docstring_verbatim(helpshort):
   assert '--task_index=0 \\\n        --ps_hosts=10.0.0.1:2222' in out
 
 
+@pytest.mark.slow
 def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice(tmp_path):
   ps_port, worker_port = local_cluster.free_ports(2)
   done = helpers.run(['dist_train.py', '--job_name=worker', '--task_index=0', '--synthetic',
@@ -135,6 +136,7 @@ def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice
 # ---- A worker that cannot start ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_worker_no_ps_reachable_exits_138_after_its_startup_deadline(tasks, sample, tmp_path):
   ps_port, worker_port = local_cluster.free_ports(2)  # nothing listens on ps_port
   worker = tasks(['dist_train.py', '--job_name=worker', '--task_index=0',
@@ -162,6 +164,7 @@ def test_worker_no_ps_reachable_exits_138_after_its_startup_deadline(tasks, samp
 HUGE_BATCH = 10 ** 7
 
 
+@pytest.mark.slow
 def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(tasks,
                                                                                 tmp_path):
   ps_port, worker_port = local_cluster.free_ports(2)
@@ -522,6 +525,7 @@ def long_cluster(module_tasks, tmp_path_factory):
   return launcher, train_dir, ports
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('long_cluster')
 def test_local_cluster_ports_listen_only_in_its_private_network(long_cluster):
   launcher, _, ports = long_cluster
@@ -534,6 +538,7 @@ def test_local_cluster_ports_listen_only_in_its_private_network(long_cluster):
   assert os.readlink('/proc/%d/ns/net' % launcher.pid) != os.readlink('/proc/self/ns/net')
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('long_cluster')
 def test_second_chief_same_train_dir_exits_naming_it_and_the_first(long_cluster):
   _, train_dir, _ = long_cluster
@@ -556,6 +561,7 @@ def test_second_chief_same_train_dir_exits_naming_it_and_the_first(long_cluster)
   assert sorted(os.listdir(train_dir)) == before
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('long_cluster')
 def test_local_cluster_sigterm_chief_saves_then_every_task_stops_143(long_cluster):
   launcher, train_dir, _ = long_cluster

@@ -53,6 +53,7 @@ def cifar10_first_run(tmp_path_factory):
   return sample_dir, runs
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('first_run_cifar10')
 def test_write_sample_cli_writes_real_layout(cifar10_first_run):
   sample_dir, _ = cifar10_first_run
@@ -78,6 +79,7 @@ def test_write_sample_cli_printed_commands_run(cifar10_first_run):
   assert bogus.code == 1 and 'no_such_flag' in bogus.err, bogus.log()
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group('first_run_cifar10')
 def test_write_sample_cli_second_sample_into_same_directory_overwrites_nothing(
     cifar10_first_run, capsys):
@@ -93,6 +95,7 @@ def test_write_sample_cli_second_sample_into_same_directory_overwrites_nothing(
   assert {p: os.path.getmtime(p) for p in before} == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_GPU_DRIVER, reason='this machine has a GPU driver: the line is a '
                     'real error here, and is shown')
 def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):

@@ -42,6 +42,7 @@ def _assert_identical(a, b):
     np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_same_seed_twice_identical_losses_and_checkpoints(sample, tmp_path):
   _train(sample, tmp_path / 'a', num_gpus=2)
   _train(sample, tmp_path / 'b', num_gpus=2)

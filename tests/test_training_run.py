@@ -206,6 +206,7 @@ def test_rotation_continues_across_restarts(sample, tmp_path, monkeypatch):
       str(tmp_path / 'model.ckpt-8.index'), str(tmp_path / 'model.ckpt-9.index')]
 
 
+@pytest.mark.slow
 def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp_path):
   _train(sample, tmp_path, max_steps=2)
   before = _files(tmp_path)
@@ -230,6 +231,7 @@ def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp
 
 # ---- One clear line instead of a traceback --------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize('content, says', [
     (b'', 'names no checkpoint (it is empty'),
     (b'  \n\t\n', 'names no checkpoint (it is empty'),
