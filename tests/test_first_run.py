@@ -38,19 +38,25 @@ def _error_lines(err):
 
 # ---- CIFAR-10: python cifar10_input.py --write_sample=DIR, then what it prints ----------
 
-@pytest.fixture(scope='module')
-def cifar10_first_run(tmp_path_factory):
-  """The sample written by the command line, its printed commands run (the trainer's
-  steps cut to 2: the last --max_steps given wins). Returns (sample dir, {name: Run})."""
-  sample_dir = tmp_path_factory.mktemp('first_run') / 'sample'
-  runs = {'write': helpers.run(['cifar10_input.py', '--write_sample=%s' % sample_dir,
-                                '--records_per_file=20'])}
+def first_run(sample_dir, write, train_flags):
+  """Writes a sample with `write` (argv), then runs the commands it prints, the trainer's
+  with train_flags added (the last --max_steps given wins). Returns {name: Run}."""
+  runs = {'write': helpers.run(write + ['--write_sample=%s' % sample_dir])}
   _assert_ok(runs['write'])
   train, evaluate, dist = _printed_commands(runs['write'].out)
-  runs['train'] = helpers.run(train + ['--max_steps=2', '--batch_size=8'])
+  runs['train'] = helpers.run(train + train_flags)
   runs['eval'] = helpers.run(evaluate)
   runs['dist'] = helpers.run(dist + ['--only_check_args'])
-  return sample_dir, runs
+  return runs
+
+
+@pytest.fixture(scope='module')
+def cifar10_first_run(tmp_path_factory):
+  """The CIFAR-10 sample written by the command line, and its printed commands run.
+  Returns (sample dir, {name: Run})."""
+  sample_dir = tmp_path_factory.mktemp('first_run') / 'sample'
+  return sample_dir, first_run(sample_dir, ['cifar10_input.py', '--records_per_file=20'],
+                               ['--max_steps=2', '--batch_size=8'])
 
 
 @pytest.mark.slow
@@ -113,14 +119,8 @@ def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
 @pytest.fixture(scope='module')
 def mnist_first_run(tmp_path_factory):
   sample_dir = tmp_path_factory.mktemp('first_run') / 'mnist'
-  runs = {'write': helpers.run(['mnist_input.py', '--write_sample=%s' % sample_dir,
-                                '--train_records=500', '--test_records=100'])}
-  _assert_ok(runs['write'])
-  train, evaluate, dist = _printed_commands(runs['write'].out)
-  runs['train'] = helpers.run(train + ['--max_steps=100'])
-  runs['eval'] = helpers.run(evaluate)
-  runs['dist'] = helpers.run(dist + ['--only_check_args'])
-  return sample_dir, runs
+  return sample_dir, first_run(sample_dir, ['mnist_input.py', '--train_records=500',
+                                            '--test_records=100'], ['--max_steps=100'])
 
 
 @pytest.mark.slow
