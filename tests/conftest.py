@@ -5,6 +5,7 @@ writers; a test that changes one makes its own. Every process a test starts
 through `tasks` is killed when the test ends, pass or fail.
 """
 import os
+import signal
 import sys
 
 import pytest
@@ -14,6 +15,13 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
 import helpers  # noqa: E402  (after the paths it needs)
+
+# A suite started in the background by a script (`cmd &`, nohup) inherits SIGINT
+# ignored, and so would every program it starts: Python then installs no Ctrl-C
+# handler, and the tests that send one would wait for nothing. With Python's own
+# handler here, the programs start with the default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 CIFAR10_SAMPLE_RECORDS = 40      # per file: 200 training records, 40 test records
 MNIST_SAMPLE_RECORDS = (2000, 500)  # train, test
