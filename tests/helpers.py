@@ -498,10 +498,11 @@ def signal_pending(pid, signum):
   return bool(mask >> (signum - 1) & 1)
 
 
-def wait_until(condition, what, task, timeout=WAIT_SECS):
+def wait_until(condition, what, task=None, timeout=WAIT_SECS):
   """Polls condition() until it is true; fails at once, with the log, if the task exits."""
   deadline = time.time() + timeout
   while not condition():
-    if task.process.poll() is not None or time.time() > deadline:
-      raise AssertionError('no %s: %s' % (what, task.log()))
+    if (task and task.process.poll() is not None) or time.time() > deadline:
+      raise AssertionError('no %s within %d s%s' % (what, timeout,
+                                                     ': ' + task.log() if task else ''))
     time.sleep(0.001)

@@ -25,6 +25,7 @@ from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFI
                      WORKER_LOSS_LINE, matches)
 import local_cluster
 import multi_gpu_train
+import training_run
 
 # Tiny and quick: 8 images a step, a loss line per step.
 QUICK_FLAGS = ['--batch_size=8', '--log_frequency=1', '--startup_timeout_secs=60',
@@ -617,8 +618,8 @@ def test_chief_copied_dir_rotation_never_deletes_the_original(tasks, tmp_path):
   train_in_process(run1, max_steps=3, save_every_n_steps=1)
   shutil.copytree(run1, run2)
   # An older state file, written with absolute paths: it names run1's files.
-  steps = sorted(int(name[len('model.ckpt-'):-len('.index')]) for name in os.listdir(run1)
-                 if name.endswith('.index'))
+  steps = sorted(training_run.checkpoint_step(name[:-len('.index')])
+                 for name in os.listdir(run1) if name.endswith('.index'))
   assert steps[-3:] == [1, 2, 3]
   _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in steps])
   originals = sorted(os.listdir(run1))

@@ -9,6 +9,7 @@ import time
 
 import tensorflow as tf
 
+import helpers
 from local_cluster import free_ports
 import ps_shutdown
 
@@ -42,12 +43,10 @@ class Waiting:
                                                **kwargs)
     self.elapsed = time.time() - self._start
 
-  def wait_for_line(self, text, timeout=WAIT_SECS):
-    """Returns once a logged line ends with text (AssertionError after timeout)."""
-    deadline = time.time() + timeout
-    while not any(line.endswith(text) for line in self.lines):
-      assert time.time() < deadline, 'no %r within %d s: %s' % (text, timeout, self.lines)
-      time.sleep(0.05)
+  def wait_for_line(self, text):
+    """Returns once a logged line ends with text."""
+    helpers.wait_until(lambda: any(line.endswith(text) for line in self.lines),
+                       'line ending %r in %s' % (text, self.lines), timeout=WAIT_SECS)
 
   def join(self, timeout=WAIT_SECS):
     self._thread.join(timeout)
