@@ -15,7 +15,7 @@ files. Results go to stdout and to TensorBoard event files in --eval_dir.
 import os
 import sys
 
-import onednn
+from training import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
@@ -26,8 +26,8 @@ from absl import flags
 
 import cifar10
 import cifar10_input
-import evaluation
-import placement
+from training import evaluation
+from training import placement
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 300              # seconds between evaluations beside a training job

@@ -27,7 +27,7 @@ import urllib.parse
 import numpy as np
 import tensorflow as tf
 
-import input_lib
+from training import input_lib
 
 # ---- The data set, as published ---------------------------------------------
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'

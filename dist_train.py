@@ -39,7 +39,7 @@ the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 import os
 import sys
 
-import onednn
+from training import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
@@ -57,16 +57,16 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-import cluster_env
-import evaluation
-import local_cluster
-import mixed_precision
+from distributed import cluster_env
+from training import evaluation
+from distributed import local_cluster
+from training import mixed_precision
 import multi_gpu_train  # the towers, the average, the schedule and the flags both share
-import placement
-import ps_shutdown
-import training_run
-import worker_sessions
-import worker_updates
+from training import placement
+from distributed import ps_shutdown
+from training import training_run
+from distributed import worker_sessions
+from distributed import worker_updates
 
 # ---- Cluster knobs: edit, save, rerun -------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-import input_lib
+from training import input_lib
 
 # ---- The data set, as published ------------------------------------------------
 DATA_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'  # TensorFlow's copy

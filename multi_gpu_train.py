@@ -21,7 +21,7 @@ Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over
 import os
 import sys
 
-import onednn
+from training import onednn
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
@@ -41,12 +41,12 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import memory_check
-import mixed_precision
+from training import memory_check
+from training import mixed_precision
 import mnist
 import mnist_input
-import placement
-import training_run
+from training import placement
+from training import training_run
 
 # ---- Training knobs: edit, save, rerun ----------------------------------------
 BATCH_SIZE = 128                  # images per tower; one step sees BATCH_SIZE * num_gpus

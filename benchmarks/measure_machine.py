@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import placement
+from training import placement
 from timing import peak_mb, time_steps
 
 

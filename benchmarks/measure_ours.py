@@ -11,7 +11,7 @@ import time
 import tensorflow as tf
 
 import multi_gpu_train
-import placement
+from training import placement
 from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
                     weight_stats)
 

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  after the path
 
 import cifar10  # noqa: E402
-import local_cluster  # noqa: E402
+from distributed import local_cluster  # noqa: E402
 
 ROUNDS = 30                       # timed sess.runs per kind, after WARMUP
 STEP_BATCH = 128                  # images of the step kind: one tower at the trainer's default

@@ -14,7 +14,7 @@ from timing import RESULT_PREFIX, BenchmarkError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # onednn, which imports no TensorFlow either
-import onednn  # noqa: E402  after the path
+from training import onednn  # noqa: E402  after the path
 
 WORKER = os.path.join(ROOT, 'benchmarks', 'worker.py')
 WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed

@@ -22,7 +22,7 @@ graph is exactly the float32 one.
 import numpy as np
 import tensorflow as tf
 
-from mixed_precision import float32_value
+from training.mixed_precision import float32_value
 
 # ---- Data shape and schedule constants of the tutorial ---------------------
 IMAGE_SIZE = 24                        # pixels; the readers crop 32x32 images to this

@@ -10,7 +10,7 @@ matmuls in float16; the L2 terms (on the float32 weights) and the logits stay fl
 """
 import tensorflow as tf
 
-from mixed_precision import float32_value
+from training.mixed_precision import float32_value
 
 INPUT_NODE = 784                        # pixels of a 28x28 image, row-major
 LAYER1_NODE = 500                       # hidden units

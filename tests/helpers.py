@@ -257,7 +257,7 @@ def started_tasks():
 
 def tasks_of(launcher_pid):
   """{PID: command-line words} of the live processes a --local_cluster launcher started."""
-  import local_cluster
+  from distributed import local_cluster
   marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher_pid)).encode()
   found = {}
   for pid in filter(str.isdigit, os.listdir('/proc')):
@@ -407,7 +407,7 @@ def one_train_step(num_towers, images, labels, start_values=None, model=None):
   import tensorflow as tf
   import cifar10
   import multi_gpu_train
-  import placement
+  from training import placement
   model = model or cifar10
   per_tower = len(images) // num_towers
   slices = iter([(images[i * per_tower:(i + 1) * per_tower],

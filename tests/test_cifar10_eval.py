@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import evaluation
+from training import evaluation
 import helpers
 import multi_gpu_train
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import cluster_env
+from distributed import cluster_env
 import helpers
 
 PS, CHIEF, W0, W1, EVAL = 'ps-0:2222', 'chief-0:2222', 'worker-0:2222', 'worker-1:2222', 'ev-0:2222'

@@ -16,7 +16,7 @@ import pytest
 
 import helpers
 from helpers import DONE_LINE, SAVED_LINE, matches, tf_config
-import local_cluster
+from distributed import local_cluster
 
 MAX_STEPS = 4
 # Tiny and quick: 4 images a step, no summaries, an evaluator that looks every second.

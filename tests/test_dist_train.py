@@ -23,9 +23,9 @@ import dist_train
 import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFIX,
                      WORKER_LOSS_LINE, matches)
-import local_cluster
+from distributed import local_cluster
 import multi_gpu_train
-import training_run
+from training import training_run
 
 # Tiny and quick: 8 images a step, a loss line per step.
 QUICK_FLAGS = ['--batch_size=8', '--log_frequency=1', '--startup_timeout_secs=60',

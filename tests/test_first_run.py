@@ -171,7 +171,7 @@ import json, os, sys
 from absl import flags
 programs, sys.argv = sys.argv[1:], ["x"]
 def ours(module):
-  return os.path.exists(module.split(".")[0] + ".py")
+  return os.path.exists(module.replace(".", "/") + ".py")
 found = {}
 for program in programs:
   __import__(program)

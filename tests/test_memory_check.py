@@ -33,9 +33,9 @@ import pytest
 import tensorflow as tf
 
 import helpers
-import memory_check
+from training import memory_check
 import multi_gpu_train
-import training_run
+from training import training_run
 
 GB = 10 ** 9
 # Images per tower whose step is counted at about 2 PB (2.07 MB each): more memory than

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-import evaluation
+from training import evaluation
 import helpers
-import mixed_precision
+from training import mixed_precision
 import mnist
 import mnist_input
 import multi_gpu_train

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import evaluation
+from training import evaluation
 import helpers
 import mnist
 import mnist_input

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 import cifar10
 import helpers
-import input_lib
+from training import input_lib
 import multi_gpu_train
-import training_run
+from training import training_run
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import helpers
-import onednn
+from training import onednn
 AVX2_ONLY = {'fpu', 'sse4_2', 'avx', 'avx2', 'fma'}  # this project's AMD EPYC
 TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own, at import
 

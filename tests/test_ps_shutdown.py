@@ -10,8 +10,8 @@ import time
 import tensorflow as tf
 
 import helpers
-from local_cluster import free_ports
-import ps_shutdown
+from distributed.local_cluster import free_ports
+from distributed import ps_shutdown
 
 WAIT_SECS = 60  # a wait that ends in well under a second has failed by then
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 import cifar10
 import helpers
 import multi_gpu_train
-import onednn
+from training import onednn
 
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later

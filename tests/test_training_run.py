@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import helpers
 import multi_gpu_train
-import training_run
+from training import training_run
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
@@ -84,7 +84,7 @@ def test_second_trainer_stops_naming_pid_eval_reads_and_sigterm_saves(sample, tm
 
 
 def test_lock_of_a_killed_trainer_is_released(tmp_path, tasks):
-  holder = tasks([sys.executable, '-c', 'import sys, time, training_run; '
+  holder = tasks([sys.executable, '-c', 'import sys, time; from training import training_run; '
                   'lock = training_run.lock_train_dir(sys.argv[1]); print("locked", '
                   'flush=True); time.sleep(600)', str(tmp_path)])
   holder.wait_for(lambda line: line == 'locked', 'the lock')
@@ -415,7 +415,7 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
 BLOCKED_IN_TENSORFLOW = '''
 import sys
 import tensorflow as tf
-import training_run
+from training import training_run
 tf.compat.v1.disable_eager_execution()
 stop = training_run.StopSignals(sys.argv[1])
 inside = tf.print('inside sess.run', output_stream=sys.stderr)  # printed by the C++ kernel
@@ -459,7 +459,7 @@ def _limit_file_size(limit):
 
 
 def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
-  script = ('import signal, sys, training_run\n'
+  script = ('import signal, sys\nfrom training import training_run\n'
             'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
             'try:\n'
             '  training_run.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
@@ -480,7 +480,7 @@ def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
 SUMMARIES_UNDER_LIMIT = '''
 import signal, sys
 import tensorflow as tf
-import training_run
+from training import training_run
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as StopSignals does
 writer = training_run.SummaryWriter(sys.argv[1])
 for step in range(200):

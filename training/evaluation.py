@@ -15,9 +15,9 @@ import time
 from absl import flags
 import tensorflow as tf
 
-import input_lib
-import onednn
-import training_run
+from training import input_lib
+from training import onednn
+from training import training_run
 
 
 class EvalError(Exception):

@@ -2,7 +2,7 @@
 
 Every program calls choose(sys.argv) before its first `import tensorflow`:
 
-    import onednn
+    from training import onednn
     if __name__ == '__main__':
       onednn.choose(sys.argv)  # before TensorFlow is imported
 

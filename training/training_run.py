@@ -36,7 +36,7 @@ import time
 
 import tensorflow as tf
 
-import input_lib
+from training import input_lib
 
 CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
 STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest

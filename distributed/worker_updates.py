@@ -12,9 +12,9 @@ the chief's queue runner, which checks the aggregate. Nothing here reads flags.
 """
 import tensorflow as tf
 
-import mixed_precision
+from training import mixed_precision
 import multi_gpu_train
-import worker_sessions
+from distributed import worker_sessions
 
 
 def claim_then_apply(opt, grads, global_step, max_steps):

@@ -26,9 +26,10 @@ import sys
 import threading
 import time
 
-import training_run
+from training import training_run
 
-DIST_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'dist_train.py')
+DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          'dist_train.py')
 STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
 STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and save
 END_SECS = 60                # once the workers (or the ps tasks) have ended, the others

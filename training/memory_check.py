@@ -21,7 +21,7 @@ import os
 
 import tensorflow as tf
 
-import training_run
+from training import training_run
 
 # ---- The margin ----------------------------------------------------------------
 USED_SHARE_OF_COUNTED = 0.6   # a large step was measured to use 0.25-0.35 (CIFAR-10) and

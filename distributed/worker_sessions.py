@@ -21,8 +21,8 @@ import time
 
 import tensorflow as tf
 
-import mixed_precision
-import training_run
+from training import mixed_precision
+from training import training_run
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
