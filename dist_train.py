@@ -47,28 +47,42 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
 
 import collections
 import contextlib
-import datetime
 import functools
 import time
 import typing
 
 from absl import app
 from absl import flags
-import numpy as np
 import tensorflow as tf
 
-from distributed import cluster_env
-from training import evaluation
-from distributed import local_cluster
-from training import mixed_precision
-import multi_gpu_train  # the towers, the average, the schedule and the flags both share
-from training import placement
-from distributed import ps_shutdown
-from training import training_run
-from distributed import worker_sessions
-from distributed import worker_updates
+from distributed import cluster_env, local_cluster, ps_shutdown, worker_sessions, worker_updates
+from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
+from training import (checkpoints, errors, evaluation, inputs, mixed_precision, placement,
+                      run_record, signals, startup, steps, summaries, updates)
+from training import settings as trainer_settings
 
-# ---- Cluster knobs: edit, save, rerun -------------------------------------------
+# ---- Training knobs, per worker: edit, save, rerun --------------------------------
+BATCH_SIZE = 128                  # images per tower; one worker step sees BATCH_SIZE * num_gpus
+NUM_GPUS = 1                      # towers per worker; each gets /gpu:i, or /cpu:i without GPUs
+MAX_STEPS = 1000000               # global step to stop at: updates applied, all workers
+LOG_FREQUENCY = 10                # global steps between a worker's loss lines
+SAVE_EVERY_N_STEPS = 1000         # global steps between the chief's checkpoints
+SUMMARY_STEPS = 100               # global steps between the chief's summaries; 0: none
+KEEP_CHECKPOINTS = 5              # older checkpoints are deleted as new ones land
+TRAIN_DIR = '/tmp/cifar10_train'  # the chief's checkpoints and event files
+DATA_DIR = '/tmp/cifar10_data'    # each worker's copy of the data
+MNIST_BATCH_SIZE = 100            # --dataset=mnist: the book's constants
+MNIST_MAX_STEPS = 1000
+MNIST_TRAIN_DIR = '/tmp/mnist_train'
+MNIST_DATA_DIR = '/tmp/mnist_data'
+DATASET_DEFAULTS = {  # what --dataset gives the flags not set on the command line
+    'cifar10': dict(batch_size=BATCH_SIZE, max_steps=MAX_STEPS, train_dir=TRAIN_DIR,
+                    data_dir=DATA_DIR),
+    'mnist': dict(batch_size=MNIST_BATCH_SIZE, max_steps=MNIST_MAX_STEPS,
+                  train_dir=MNIST_TRAIN_DIR, data_dir=MNIST_DATA_DIR),
+}
+
+# ---- Cluster knobs ------------------------------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
 STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for the update too)
 QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
@@ -78,39 +92,8 @@ EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint 
 
 
 FLAGS = flags.FLAGS
-# From multi_gpu_train, meaning the same per worker: --dataset, --num_gpus, --batch_size,
-# --max_steps, --train_dir, --data_dir, --data_url, --data_md5, --log_frequency,
-# --save_every_n_steps, --summary_steps, --synthetic and the session options.
-flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
-flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
-flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
-flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
-flags.DEFINE_boolean('sync_replicas', False, 'Average the workers\' gradients before '
-                     'each update (SyncReplicasOptimizer) instead of applying each.')
-flags.DEFINE_integer('replicas_to_aggregate', None, 'Sync: gradients averaged per update; '
-                     'default: the number of workers. Fewer leaves backup workers.')
-flags.DEFINE_integer('startup_timeout_secs', STARTUP_TIMEOUT_SECS, 'Seconds a worker '
-                     'waits for the ps tasks to answer and for the chief to initialise.')
-flags.DEFINE_integer('step_timeout_secs', STEP_TIMEOUT_SECS, 'Seconds one step may take '
-                     '(sync: including the wait for the averaged update).')
-flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
-                     '(127.0.0.1, localhost). The servers have no authentication: use only '
-                     'on a network where everyone who can reach the ports is trusted.')
-flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
-                    'with free ports, print their logs, and stop them all at the end.')
-flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm'], 'Where the cluster and this '
-                  'task come from: tf_config (Kubernetes), slurm (srun), or \'\': the flags '
-                  'above when --job_name is given, else TF_CONFIG when set.')
-flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
-                     'step are ps tasks, the rest workers.')
-flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
-                     'task listens on this port + its index among its node\'s tasks.')
-flags.DEFINE_integer('eval_interval_secs', EVAL_INTERVAL_SECS, 'TF_CONFIG\'s evaluator: '
-                     'seconds between looks for a new checkpoint in --train_dir.')
-flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
-                    'files (default: --train_dir/eval).')
 
-# multi_gpu_train flags that mean nothing here, and why.
+# The trainer's flags (training/settings.py) that mean nothing here, and why.
 REFUSED_FLAGS = {
     'fresh': 'the chief restores whatever --train_dir holds; to start from step 0, '
              'point --train_dir at an empty directory',
@@ -120,13 +103,50 @@ REFUSED_FLAGS = {
             'the machines give, so a distributed run cannot repeat exactly; use '
             'multi_gpu_train.py --seed for runs to compare',
 }
-for _flag in FLAGS.get_key_flags_for_module(multi_gpu_train):  # in our --helpshort too
-  if _flag.name not in REFUSED_FLAGS:
-    flags.declare_key_flag(_flag.name)
+
+
+def define_flags():
+  """The trainer's flags, per worker, with the constants above as defaults, and the
+  cluster's. Called when this file runs as a program: importing it defines none."""
+  trainer_settings.define_trainer_flags(DATASET_DEFAULTS, NUM_GPUS, LOG_FREQUENCY,
+                                        SUMMARY_STEPS, SAVE_EVERY_N_STEPS)
+  for flag in FLAGS.get_key_flags_for_module(trainer_settings):  # in our --helpshort too
+    if flag.name not in REFUSED_FLAGS:
+      flags.declare_key_flag(flag.name)
+  flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
+  flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
+  flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
+  flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
+  flags.DEFINE_boolean('sync_replicas', False, 'Average the workers\' gradients before '
+                       'each update (SyncReplicasOptimizer) instead of applying each.')
+  flags.DEFINE_integer('replicas_to_aggregate', None, 'Sync: gradients averaged per update; '
+                       'default: the number of workers. Fewer leaves backup workers.')
+  flags.DEFINE_integer('startup_timeout_secs', STARTUP_TIMEOUT_SECS, 'Seconds a worker '
+                       'waits for the ps tasks to answer and for the chief to initialise.')
+  flags.DEFINE_integer('step_timeout_secs', STEP_TIMEOUT_SECS, 'Seconds one step may take '
+                       '(sync: including the wait for the averaged update).')
+  flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
+                       '(127.0.0.1, localhost). The servers have no authentication: use only '
+                       'on a network where everyone who can reach the ports is trusted.')
+  flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
+                      'with free ports, print their logs, and stop them all at the end.')
+  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm'], 'Where the cluster and this '
+                    'task come from: tf_config (Kubernetes), slurm (srun), or \'\': the flags '
+                    'above when --job_name is given, else TF_CONFIG when set.')
+  flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
+                       'step are ps tasks, the rest workers.')
+  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
+                       'task listens on this port + its index among its node\'s tasks.')
+  flags.DEFINE_integer('eval_interval_secs', EVAL_INTERVAL_SECS, 'TF_CONFIG\'s evaluator: '
+                       'seconds between looks for a new checkpoint in --train_dir.')
+  flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
+                      'files (default: --train_dir/eval).')
+
+
 LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
                   'cluster', 'num_ps', 'slurm_port_base']
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']
-TrainingError = training_run.TrainingError
+TrainingError = errors.TrainingError
 
 
 def run_ps(cluster, task_index, stop):
@@ -138,10 +158,10 @@ def run_ps(cluster, task_index, stop):
 
   Args:
     cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
-    stop: a training_run.StopSignals: Ctrl-C or SIGTERM ends the wait.
+    stop: a signals.StopSignals: Ctrl-C or SIGTERM ends the wait.
 
   Raises:
-    training_run.Stopped: stopped by a signal before the workers had finished.
+    errors.Stopped: stopped by a signal before the workers had finished.
   """
   try:
     server = tf.compat.v1.train.Server(cluster, job_name='ps', task_index=task_index)
@@ -161,12 +181,12 @@ def run_ps(cluster, task_index, stop):
     seen = ps_shutdown.WorkersSeen([], 'stopped')
   if seen.why == 'stopped':
     print('ps task %d stopped by %s' % (task_index, stop.name), flush=True)
-    raise training_run.Stopped(stop.exit_code)
+    raise errors.Stopped(stop.exit_code)
   print('ps task %d done: training is over' % task_index, flush=True)
 
 
 class WorkerSettings(typing.NamedTuple):
-  """What a worker needs beyond multi_gpu_train.Settings: the mode and the waits."""
+  """What a worker needs beyond its Settings (training/settings.py): the mode and the waits."""
   sync_replicas: bool = False
   replicas_to_aggregate: int = None   # sync: gradients per update; None: one per worker
   startup_timeout_secs: int = STARTUP_TIMEOUT_SECS
@@ -179,25 +199,25 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
 
   Args:
     cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
-    settings: a multi_gpu_train.Settings (its fresh, seed and async_towers unused).
+    settings: a training.settings.Settings (its fresh, seed and async_towers unused).
     worker: a WorkerSettings.
-    stop: a training_run.StopSignals, or None (tests): when it is requested the
-      loop ends after the current step, the chief saves, and training_run.Stopped
+    stop: a signals.StopSignals, or None (tests): when it is requested the
+      loop ends after the current step, the chief saves, and errors.Stopped
       is raised.
     flag_values: dict, the command line's flags, for the chief's run record.
   """
-  stop = stop or multi_gpu_train.NEVER
-  data = multi_gpu_train.DATASETS[settings.dataset]
+  stop = stop or steps.NEVER
+  data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input)
     record = (chief_run_record(run, settings, data, flag_values) if run.task_index == 0
               else None)
-    epoch = multi_gpu_train.examples_per_epoch(settings, data)
+    epoch = inputs.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       graph = build(run, settings, worker, data, epoch, record)
-      multi_gpu_train.check_memory([graph.train_op, graph.loss], settings)  # before writing
+      startup.check_memory([graph.train_op, graph.loss], settings)  # before writing
       if record:
-        print('Run record: %s' % training_run.write_run_record(settings.train_dir, record))
+        print('Run record: %s' % run_record.write_run_record(settings.train_dir, record))
       print_start(run, graph, settings, data.model, epoch)
       with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
         step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)
@@ -206,10 +226,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                          % (run.who, step))
       # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
-  if stop.requested:
-    print('Stopped by %s at step %d; rerun the same command to resume.' % (stop.name, step),
-          flush=True)
-    raise training_run.Stopped(stop.exit_code)
+  steps.stopped(stop, step)
   # The session is closed, the chief's last checkpoint written: the ps tasks may end.
   if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
                                      run.config):
@@ -244,13 +261,9 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   who = 'worker %d' % task_index
   checkpoint, start_step = None, 0
   if task_index == 0:  # before anything is written: a second chief stops here
-    training_run.check_train_dir(settings.train_dir)
-    training_run.make_train_dir(settings.train_dir)
-    exit_stack.enter_context(training_run.lock_train_dir(settings.train_dir))
-    checkpoint, start_step, _, notes = training_run.checkpoint_to_resume(settings.train_dir)
-    for note in notes:
-      print(note)
-  if not settings.synthetic:
+    chief = startup.start(exit_stack, settings, data_input, stop_when_done=False)
+    checkpoint, start_step = chief.checkpoint, chief.start_step
+  elif not settings.synthetic:
     data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
   config = placement.session_config(num_cpu_devices, settings.session)
@@ -272,9 +285,9 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
 
 def chief_run_record(run, settings, data, flag_values):
   """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster."""
-  record = multi_gpu_train.run_record(
-      flag_values, settings, run.devices, run.start_step, data,
-      extra_constants={'dist_train.py': training_run.constants_of(sys.modules[__name__])})
+  record = run_record.describe(
+      {'dist_train.py': run_record.constants_of(sys.modules[__name__])},
+      flag_values, settings, run.devices, run.start_step, data)
   record['cluster'] = run.cluster.as_dict()
   return record
 
@@ -314,50 +327,41 @@ def build(run, settings, worker, data, epoch, record):
   with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
       cluster=run.cluster, worker_device=worker_device)):
     with tf.device('/cpu:0'):
-      if settings.synthetic:
-        dataset = data.input.synthetic_dataset(settings.batch_size)
-      else:
-        dataset = data.input.train_dataset(settings.data_dir, settings.batch_size)
-      next_batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
+      next_batch = tf.compat.v1.data.make_one_shot_iterator(inputs.train_dataset(
+          data.input, settings.data_dir, settings.batch_size, settings.synthetic)).get_next
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    lr, decay_steps = multi_gpu_train.learning_rate(global_step, examples_per_update,
-                                                    epoch.count, model)
+    lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
+                                            model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
                   if settings.use_fp16 else None)
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
       snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
-    towers = multi_gpu_train.build_towers(next_batch, run.devices, opt, model,
-                                          variables_device='', loss_scale=snapshot)
+    towers = build_towers(next_batch, run.devices, opt, model, variables_device='',
+                          loss_scale=snapshot)
     with tf.compat.v1.device(placement.place('/cpu:0', '')):
-      grads = multi_gpu_train.average_gradients(towers.grads)
+      grads = average_gradients(towers.grads)
       all_finite = None
       if snapshot:  # fp16: the gradient leaves the worker unscaled
         grads, all_finite = mixed_precision.unscale_and_check(grads, snapshot)
       loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
-    ema = multi_gpu_train.moving_averages(global_step, model)
+    ema = updates.moving_averages(global_step, model)
     update = (worker_updates.sync_update if worker.sync_replicas else
               worker_updates.async_update)
     train_op, step_after, hooks, release_workers, skip_check = update(
         run, worker, opt, grads, global_step, ema, settings.max_steps,
         loss_scale, snapshot and snapshot.scale, all_finite)
-    summary_op = (multi_gpu_train.build_summaries(range(len(run.devices)), towers.losses,
-                                                  grads, lr, model,
-                                                  snapshot and snapshot.scale)
+    summary_op = (summaries.build_summaries(range(len(run.devices)), towers.losses, grads,
+                                            lr, model, snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
-    scaffold = tf.compat.v1.train.Scaffold(saver=training_run.make_saver(),
+    scaffold = tf.compat.v1.train.Scaffold(saver=checkpoints.make_saver(),
                                            summary_op=summary_op)
     restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
                     if loss_scale and run.task_index == 0 else None)
     if run.task_index == 0:
-      hooks.append(worker_sessions.SaveCheckpoints(
-          settings.train_dir, settings.save_every_n_steps, multi_gpu_train.KEEP_CHECKPOINTS,
-          scaffold.saver, global_step))
-      if summary_op is not None:
-        hooks.append(worker_sessions.WriteSummaries(
-            settings.train_dir, settings.summary_steps, summary_op, global_step, record))
+      hooks.extend(chief_hooks(run, settings, model, scaffold, global_step, record))
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
@@ -365,14 +369,26 @@ def build(run, settings, worker, data, epoch, record):
                     skip_check)
 
 
+def chief_hooks(run, settings, model, scaffold, global_step, record):
+  """The chief's checkpoints (SaveCheckpoints) and summaries, through
+  the machinery multi_gpu_train.py saves and summarises with."""
+  hooks = [worker_sessions.SaveCheckpoints(
+      settings.train_dir, settings.save_every_n_steps, KEEP_CHECKPOINTS, scaffold.saver,
+      global_step, checkpoints.all_variables_finite(), model.__name__,
+      run.start_step if run.checkpoint else None)]
+  if scaffold.summary_op is not None:
+    hooks.append(worker_sessions.WriteSummaries(
+        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record))
+  return hooks
+
+
 def print_start(run, graph, settings, model, epoch):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
-  num_params = sum(int(np.prod(v.shape)) for v in tf.compat.v1.trainable_variables())
   batch_size, num_towers = settings.batch_size, len(run.devices)
-  print('TensorFlow %s; %s of %d (worker 0 is the chief); %s' % (
-      tf.__version__, run.who, run.num_workers, run.where))
-  print(onednn.start_line())
-  print('ps tasks %s hold %d trainable parameters' % (','.join(run.ps_hosts), num_params))
+  startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
+      run.who, run.num_workers, run.where))
+  print('ps tasks %s hold %d trainable parameters' % (','.join(run.ps_hosts),
+                                                      startup.num_parameters()))
   replicas_to_aggregate = graph.replicas_to_aggregate
   if replicas_to_aggregate:
     print('sync: each update averages %d gradients of %d images (%d x %d towers) from '
@@ -382,10 +398,8 @@ def print_start(run, graph, settings, model, epoch):
   else:
     print('async: each of %d workers applies its own updates of %d images (%d x %d '
           'towers)' % (run.num_workers, batch_size * num_towers, batch_size, num_towers))
-  print('decay_steps %d = %d examples (%s) / %d per worker step x %g epochs; input: %s' % (
-      graph.decay_steps, epoch.count, epoch.source, graph.examples_per_update,
-      model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir))
-  print(multi_gpu_train.schedule_line(model, graph.decay_steps))
+  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'worker step',
+                         model, settings)
   if graph.loss_scale is not None:
     print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
           'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
@@ -414,7 +428,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
         run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
         graph.restore_fp16,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
-        # The checkpoint training_run found and read whole, not the state file's
+        # The checkpoint checkpoints.checkpoint_to_resume found and read whole, not the state file's
         # latest as TensorFlow reads it.
         checkpoint_filename_with_path=run.checkpoint)
   else:
@@ -429,55 +443,38 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
 def loop(sess, run, graph, settings, step_timeout_secs, stop):
   """The step loop: run, check, log. Returns (global step, this worker's steps)."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
-  model_name = multi_gpu_train.DATASETS[settings.dataset].model.__name__
+  model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
   read_step = lambda step_context: step_context.session.run(graph.global_step)
   step = sess.run_step_fn(read_step)
   print('%s: training from global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
     print('%s: global step %d is not below --max_steps=%d: nothing to do. Raise '
           '--max_steps to train further.' % (run.who, step, max_steps))
-  run_options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
-  num_towers = len(run.devices)
   local_step, last_shown = 0, step
   while step < max_steps and not sess.should_stop() and not stop.requested:
-    run.arm_watchdog(step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS, stuck_step_message(
-        run, graph, step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
     start_time = time.time()
-    try:
-      _, loss_value, step_after, skip_check = sess.run(
-          [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
-          options=run_options)
-    except tf.errors.OutOfRangeError:
+    results = run_step(sess, run, graph, step_timeout_secs)
+    if results is None:
       break  # async: the other workers have claimed the last updates
-    except tf.errors.DeadlineExceededError as e:
-      raise training_run.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
     duration = time.time() - start_time
+    loss_value, step_after, skip_check = results
     local_step += 1
     # Sync: this worker's gradient goes into the update after the one its token
     # came from; the token it gets back is that of an update already applied.
     shown = step + 1 if graph.replicas_to_aggregate else step_after
 
-    if not np.isfinite(loss_value):
-      raise TrainingError(
-          'loss is %s at step %d on %s: the model diverged. Lower '
-          'INITIAL_LEARNING_RATE (%s/model.py) or --batch_size; the chief\'s last '
-          'checkpoint is untouched.' % (loss_value, shown, run.who,
-                                        model_name))
+    steps.check_loss(loss_value, shown, model_name, untouched(run, graph), ' on ' + run.who)
     if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
       for note in zip(*skip_check):                 # (step, scale, new scale)
-        multi_gpu_train.check_skip(*note)
+        steps.check_skip(*note)
     elif skip_check and not skip_check[0]:  # async fp16: this worker's own step, unapplied
-      multi_gpu_train.check_skip(step_after + 1, *skip_check[1:])
+      steps.check_skip(step_after + 1, *skip_check[1:])
       step = step_after
       continue
-    if shown // log_frequency != last_shown // log_frequency or local_step == 1:
-      examples_per_sec = graph.examples_per_update / duration
-      sec_per_batch = duration / num_towers
-      print('%s: step %d, loss = %.2f (%.1f examples/sec; %.3f sec/batch) '
-            '[worker %d, local step %d]' % (
-                datetime.datetime.now(), shown, loss_value, examples_per_sec,
-                sec_per_batch, run.task_index, local_step))
-      sys.stdout.flush()
+    if steps.crossed(last_shown, shown, log_frequency) or local_step == 1:
+      steps.print_loss_line(shown, loss_value, graph.examples_per_update / duration,
+                            duration / len(run.devices),
+                            ' [worker %d, local step %d]' % (run.task_index, local_step))
     step, last_shown = step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
@@ -485,6 +482,31 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
   if graph.release_workers is not None:
     sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
   return step, local_step
+
+
+def run_step(sess, run, graph, step_timeout_secs):
+  """One worker step under the watchdog and the step timeout: (loss, step_after,
+  skip_check), or None once the other workers have claimed the last updates."""
+  slack = worker_sessions.WATCHDOG_SLACK_SECS
+  run.arm_watchdog(step_timeout_secs + slack,
+                   stuck_step_message(run, graph, step_timeout_secs + slack))
+  try:
+    _, loss_value, step_after, skip_check = sess.run(
+        [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
+        options=tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000))
+  except tf.errors.OutOfRangeError:
+    return None
+  except tf.errors.DeadlineExceededError as e:
+    raise errors.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
+  return loss_value, step_after, skip_check
+
+
+def untouched(run, graph):
+  """What a worker stopping on a diverged loss leaves on disk, for its message."""
+  if run.task_index == 0:  # its SaveCheckpoints hook knows
+    [saves] = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
+    return checkpoints.untouched_note(saves.last_saved)
+  return 'the chief saves no checkpoint with a NaN or infinite variable.'
 
 
 def stuck_step_message(run, graph, secs):
@@ -512,7 +534,7 @@ def main(argv, slurm_cluster=None):
 
   slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
-  del argv  # absl has already refused unknown flags
+  trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
   local_cluster.die_with_launcher()
   check_flags()
   if FLAGS.local_cluster:
@@ -520,18 +542,18 @@ def main(argv, slurm_cluster=None):
   cluster = cluster_from_flags(slurm_cluster)
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
   # the chief saves, a ps task stops waiting for the workers.
-  stop = (training_run.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
+  stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
           if cluster.job_name != 'evaluator' else None)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
-  settings = multi_gpu_train.settings_from_flags()
+  settings = trainer_settings.settings_from_flags(FLAGS)
   if cluster.job_name == 'evaluator':
     run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
                   FLAGS.eval_interval_secs)
     return
   spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                          'worker': cluster.worker_hosts})
-  with training_run.one_line_errors():
+  with errors.one_line_errors():
     if cluster.job_name == 'ps':
       run_ps(spec, cluster.task_index, stop)
       return
@@ -547,9 +569,9 @@ def check_flags():
     if FLAGS[name].present:
       sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
                'take: %s.' % (name, why))
-  multi_gpu_train.apply_dataset_defaults()
-  multi_gpu_train.check_flags(also_positive=('startup_timeout_secs', 'step_timeout_secs',
-                                             'eval_interval_secs', 'num_ps'))
+  trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)
+  trainer_settings.check_trainer_flags(FLAGS, also_positive=(
+      'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs', 'num_ps'))
   for name in SLURM_FLAGS:
     if FLAGS[name].present and FLAGS.cluster != 'slurm':
       sys.exit('error: --%s is for --cluster=slurm; flags and TF_CONFIG name the ps tasks '
@@ -651,7 +673,7 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
   the --dataset's test set in --data_dir (also with --synthetic), in batches of
   --batch_size; it returns once it has scored a checkpoint at --max_steps.
   """
-  data = multi_gpu_train.DATASETS[settings.dataset]
+  data = trainer_settings.DATASETS[settings.dataset]
   print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
         'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
                                eval_dir), flush=True)
@@ -674,9 +696,9 @@ def main_local_cluster():
     num_ps, num_workers = local_cluster.parse_spec(FLAGS.local_cluster)
   except ValueError as e:
     sys.exit('error: %s' % e)
-  with training_run.one_line_errors():
+  with errors.one_line_errors():
     if not FLAGS.synthetic:  # once, here, rather than racing in every worker
-      data_input = multi_gpu_train.DATASETS[FLAGS.dataset].input
+      data_input = trainer_settings.DATASETS[FLAGS.dataset].input
       data_input.prepare(FLAGS.data_dir, FLAGS.data_url, FLAGS.data_md5)
     # Every flag given on this command line goes to every task.
     task_flags = [FLAGS[name].serialize() for name in FLAGS
@@ -686,6 +708,7 @@ def main_local_cluster():
 
 
 if __name__ == '__main__':
+  define_flags()
   slurm_cluster = slurm_cluster_first(sys.argv)  # sets CUDA_VISIBLE_DEVICES: before GPUs
   placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(functools.partial(main, slurm_cluster=slurm_cluster))

@@ -42,7 +42,7 @@ RUN_TIMEOUT_SECS = 600       # a run still going after this is killed; its tasks
 NO_SAVE_STEPS = 10 ** 9      # --save_every_n_steps: only the saves before and after training
 NO_END_STEPS = 10 ** 9       # a cluster's --max_steps: it trains until this process stops it
 STOP_SIGNAL = signal.SIGTERM  # ... with this, once its window is full
-STOPPED_EXIT_CODE = 143      # the launcher's exit code then (training_run's, 128 + SIGTERM)
+STOPPED_EXIT_CODE = 143      # the launcher's exit code then (training.signals', 128 + SIGTERM)
 
 # (label, workers, --sync_replicas); workers None: multi_gpu_train.py, the baseline.
 RUNS = [('multi_gpu_train.py', None, False),

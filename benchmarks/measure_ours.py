@@ -11,9 +11,10 @@ import time
 import tensorflow as tf
 
 import multi_gpu_train
-from training import placement
 from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
                     weight_stats)
+from training import inputs, placement
+from training import settings as trainer_settings
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -31,18 +32,18 @@ def build_trainer(config):
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
   pipeline's own prefetch; 0: none), summaries (build the summary op), seed
   (optional; real input through the trainer's --seed pipeline), dataset (optional:
-  a key of multi_gpu_train.DATASETS; default cifar10), use_fp16 (optional: the
+  a key of trainer_settings.DATASETS; default cifar10), use_fp16 (optional: the
   trainer's --use_fp16 graph).
 
   Returns:
     a Trainer.
   """
   batch_size = config['batch_size']
-  data = multi_gpu_train.DATASETS[config.get('dataset', 'cifar10')]
+  data = trainer_settings.DATASETS[config.get('dataset', 'cifar10')]
   devices, num_cpu_devices, where = placement.tower_devices(config['towers'])
   if config.get('seed') is not None:
-    next_batch, input_init = multi_gpu_train.input_pipeline(
-        config['data_dir'], config['towers'], batch_size, seed=config['seed'])
+    next_batch, input_init = inputs.input_pipeline(
+        config['data_dir'], config['towers'], batch_size, data.input, seed=config['seed'])
   else:
     with tf.device('/cpu:0'):
       if config['input'] == 'synthetic':

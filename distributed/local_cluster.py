@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from training import training_run
+from training import errors, signals
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'dist_train.py')
@@ -81,7 +81,7 @@ def enter_private_network():
     None once inside, or why it was not possible (str) and nothing has changed.
 
   Raises:
-    training_run.TrainingError: the namespace was made but its loopback could not be
+    errors.TrainingError: the namespace was made but its loopback could not be
       brought up.
   """
   if not sys.platform.startswith('linux'):
@@ -107,7 +107,7 @@ def enter_private_network():
       lo_flags = struct.unpack('16sh22x', ifreq)[1]
       fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack('16sh22x', b'lo', lo_flags | IFF_UP))
   except OSError as e:
-    raise training_run.TrainingError('--local_cluster made a private network namespace but '
+    raise errors.TrainingError('--local_cluster made a private network namespace but '
                                      'could not bring its loopback interface up: %s'
                                      % e) from None
   return None
@@ -316,7 +316,7 @@ def run(num_ps, num_workers, task_flags, exposure_warning):
     print('local cluster: the tasks run in a private network namespace whose only '
           'interface is loopback: nothing outside it, on this machine or another, can '
           'reach their ports.', flush=True)
-  stop = training_run.StopSignals()
+  stop = signals.StopSignals()
   try:
     return launch_local_cluster(num_ps, num_workers, task_flags, stop)
   except KeyboardInterrupt:  # a second signal

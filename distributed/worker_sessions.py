@@ -5,7 +5,7 @@ dist_train.py's workers open their sessions through these:
     wait_for_ps(ps_hosts, secs, who)   # the ps ports answer, or PeerGone
     arm = start_watchdog()             # exits 138 when a wait inside TensorFlow hangs
     ChiefSessions(...), WorkerSessions(...)  # MonitoredSession's session creators
-    SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training_run's files
+    SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training.checkpoints and training.summaries
 
 A ps task that goes away (killed, restarted) aborts every worker's step;
 MonitoredSession then asks the creator for a new session, and these wait for the
@@ -21,8 +21,7 @@ import time
 
 import tensorflow as tf
 
-from training import mixed_precision
-from training import training_run
+from training import checkpoints, errors, mixed_precision, steps, summaries
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
@@ -47,7 +46,7 @@ def wait_for_ps(ps_hosts, timeout_secs, who):
     if not missing:
       return
     if time.time() > deadline:
-      raise training_run.PeerGone(
+      raise errors.PeerGone(
           '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
           'Start them first (python dist_train.py --job_name=ps --task_index=i with the '
           'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
@@ -78,7 +77,7 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
                     'restores the variables from the latest checkpoint')
       # The newest of this directory's checkpoints that reads whole, found as at start.
-      self._checkpoint_filename_with_path = training_run.checkpoint_to_resume(
+      self._checkpoint_filename_with_path = checkpoints.checkpoint_to_resume(
           self._train_dir)[0]
     self._opened += 1
     path = self._checkpoint_filename_with_path
@@ -129,7 +128,7 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
       return manager.wait_for_session(self._master, config=self._config,
                                       max_wait_secs=self._timeout_secs)
     except tf.errors.DeadlineExceededError:
-      raise training_run.PeerGone(
+      raise errors.PeerGone(
           '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
           'tasks. Start worker 0 (or look at its log for an error), or raise '
           '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
@@ -166,7 +165,7 @@ def start_watchdog():
       if deadline and time.time() > deadline:
         print('error: %s' % message, file=sys.stderr, flush=True)
         # The main thread is stuck inside TensorFlow: no clean way out.
-        os._exit(training_run.PEER_GONE_EXIT_CODE)
+        os._exit(errors.PEER_GONE_EXIT_CODE)
 
   threading.Thread(target=watch, daemon=True).start()
 
@@ -192,43 +191,49 @@ def quiet_deprecations():
 class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
   """The chief's checkpoints, through the same machinery as multi_gpu_train.py's.
 
-  training_run.save_checkpoint writes them: rotation within --train_dir only,
-  the state file with relative names, and a failed write that stops the run with
-  one line instead of going on. Saved as the session opens, every
+  checkpoints.save_if_finite writes them: never with a NaN or infinite variable,
+  rotation within --train_dir only, the state file with relative names, and a
+  failed write that stops the run with one line instead of going on. Saved as the
+  session opens (unless that step's checkpoint is the one restored), every
   save_every_n_steps global steps, and at the end.
   """
 
-  def __init__(self, train_dir, save_every_n_steps, keep, saver, global_step):
+  def __init__(self, train_dir, save_every_n_steps, keep, saver, global_step, all_finite,
+               model_name, resumed_step):
+    """all_finite: checkpoints.all_variables_finite(); resumed_step: the step of the
+    checkpoint the chief restores, or None."""
     self._train_dir, self._every, self._keep = train_dir, save_every_n_steps, keep
     self._saver, self._global_step = saver, global_step
-    self._last = None
+    self._all_finite, self._model_name = all_finite, model_name
+    self.last_saved = resumed_step  # the newest checkpoint on disk, or None
 
   def after_create_session(self, session, coord):
     del coord
-    self._save(session, session.run(self._global_step))
+    step = session.run(self._global_step)
+    if step != self.last_saved:  # a reopened session restores the last one saved
+      self._save(session, step)
 
   def after_run(self, run_context, run_values):
     del run_values
     step = run_context.session.run(self._global_step)
-    if step // self._every != self._last // self._every:
+    if self.last_saved is None or steps.crossed(self.last_saved, step, self._every):
       self._save(run_context.session, step)
 
   def end(self, session):
     step = session.run(self._global_step)
-    if step != self._last:
+    if step != self.last_saved:
       self._save(session, step)
 
   def _save(self, session, step):
-    path = training_run.save_checkpoint(session, self._saver, self._train_dir, step,
-                                        self._keep)
-    print('Saved checkpoint %s' % path, flush=True)
-    self._last = step
+    self.last_saved = checkpoints.save_if_finite(
+        session, self._saver, self._train_dir, step, self._keep, self._all_finite,
+        self._model_name, self.last_saved)
 
 
 class WriteSummaries(tf.compat.v1.train.SessionRunHook):
   """The chief's TensorBoard summaries, through the single-machine trainer's machinery.
 
-  training_run.SummaryWriter writes them: a failed write is said once, plainly,
+  summaries.SummaryWriter writes them: a failed write is said once, plainly,
   and training goes on. The event file opens with the run record; then the
   summary op runs with the step every summary_steps global steps.
   """
@@ -241,8 +246,8 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     del coord
     if self._writer is None:  # the first session; a reopened one writes on
-      self._writer = training_run.SummaryWriter(self._train_dir, session.graph)
-      self._writer.add_summary(training_run.text_summary('run_record', self._record),
+      self._writer = summaries.SummaryWriter(self._train_dir, session.graph)
+      self._writer.add_summary(summaries.text_summary('run_record', self._record),
                                self._record['start_step'])
 
   def before_run(self, run_context):

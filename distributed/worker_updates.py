@@ -12,9 +12,8 @@ the chief's queue runner, which checks the aggregate. Nothing here reads flags.
 """
 import tensorflow as tf
 
-from training import mixed_precision
-import multi_gpu_train
 from distributed import worker_sessions
+from training import mixed_precision, updates
 
 
 def claim_then_apply(opt, grads, global_step, max_steps):
@@ -111,7 +110,7 @@ class SkipOverflow:
     self.skips = tf.queue.FIFOQueue(-1, [tf.int64, tf.float32, tf.float32],
                                     shapes=[[], [], []], name='loss_scale_skips')
     update = mixed_precision.apply_or_skip(
-        lambda: multi_gpu_train.then_average(
+        lambda: updates.then_average(
             self._opt.apply_gradients(grads, global_step), self._ema),
         mixed_precision.all_finite(grads), self._loss_scale)
     with tf.control_dependencies([update.train_op]):
@@ -138,7 +137,7 @@ def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scal
      None, fp16: this step's (applied, scale, new_scale), else None).
   """
   del run, worker
-  apply_fn = lambda: multi_gpu_train.then_average(
+  apply_fn = lambda: updates.then_average(
       claim_then_apply(opt, grads, global_step, max_steps), ema)
   skip_check = None
   if loss_scale:

@@ -25,7 +25,8 @@ from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFI
                      WORKER_LOSS_LINE, matches)
 from distributed import local_cluster
 import multi_gpu_train
-from training import training_run
+from training import checkpoints
+from training.settings import Settings
 
 # Tiny and quick: 8 images a step, a loss line per step.
 QUICK_FLAGS = ['--batch_size=8', '--log_frequency=1', '--startup_timeout_secs=60',
@@ -233,7 +234,7 @@ def one_process_run(async_run, tmp_path_factory):
   """multi_gpu_train.py, one tower, from the same checkpoint on the same batch."""
   train_dir = os.path.join(str(tmp_path_factory.mktemp('one_process')), 'train')
   helpers.copy_checkpoint(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       train_dir, '', synthetic=True, max_steps=MAX_STEPS, batch_size=8, summary_steps=0))
   return train_dir
 
@@ -596,11 +597,11 @@ def test_local_cluster_sync_ctrl_c_chief_saves_then_every_task_stops_130(tasks, 
   assert helpers.tasks_of(launcher.pid) == {}
 
 
-# ---- The chief keeps multi_gpu_train.py's checkpoint promises (training_run) ---------
+# ---- The chief keeps multi_gpu_train.py's checkpoint promises (training.checkpoints) ---------
 
 def train_in_process(train_dir, max_steps, save_every_n_steps):
   """multi_gpu_train's synthetic run: checkpoints the chief resumes like its own."""
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       str(train_dir), '', synthetic=True, batch_size=8, max_steps=max_steps, summary_steps=0,
       save_every_n_steps=save_every_n_steps))
 
@@ -618,7 +619,7 @@ def test_chief_copied_dir_rotation_never_deletes_the_original(tasks, tmp_path):
   train_in_process(run1, max_steps=3, save_every_n_steps=1)
   shutil.copytree(run1, run2)
   # An older state file, written with absolute paths: it names run1's files.
-  steps = sorted(training_run.checkpoint_step(name[:-len('.index')])
+  steps = sorted(checkpoints.checkpoint_step(name[:-len('.index')])
                  for name in os.listdir(run1) if name.endswith('.index'))
   assert steps[-3:] == [1, 2, 3]
   _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in steps])

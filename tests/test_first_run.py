@@ -173,10 +173,16 @@ programs, sys.argv = sys.argv[1:], ["x"]
 def ours(module):
   return os.path.exists(module.replace(".", "/") + ".py")
 found = {}
+def defined():
+  return {f.name for m, fs in flags.FLAGS.flags_by_module_dict().items() if ours(m) for f in fs}
 for program in programs:
-  __import__(program)
-  own = {f.name for m, fs in flags.FLAGS.flags_by_module_dict().items() if ours(m) for f in fs}
-  found[program] = {"project": sorted(own), "all": sorted(flags.FLAGS)}
+  module = __import__(program)
+  at_import = defined()
+  if hasattr(module, "define_flags"):  # what running it as a program defines
+    module.define_flags()
+  own = defined()
+  found[program] = {"project": sorted(own), "all": sorted(flags.FLAGS),
+                    "at_import": sorted(at_import)}
   for name in own:
     delattr(flags.FLAGS, name)
   for module in [m for m in sys.modules if ours(m)]:
@@ -189,7 +195,7 @@ print(json.dumps(found))
 def accepted_flags():
   """{'cifar10_eval': {'project': [the flags the project defines once it is imported],
   'all': [every flag absl then accepts]}, ...}, one process for all the programs."""
-  names = [script[:-3] for script in PROGRAMS if script != 'dist_train.py']
+  names = [script[:-3] for script in PROGRAMS]
   done = helpers.run([sys.executable, '-c', _ACCEPTED_FLAGS] + names)
   assert done.code == 0, done.log()
   return {name: {kind: set(flags) for kind, flags in found.items()}
@@ -203,6 +209,15 @@ def test_helpshort_lists_every_flag_the_program_accepts_and_no_other(script, hel
   accepted = accepted_flags[script[:-3]]['project']
   listed = helpers.listed_flags(helpshort(script).out)
   assert accepted and listed == accepted, (sorted(accepted - listed), sorted(listed - accepted))
+
+
+@pytest.mark.xdist_group('helpshort')
+@pytest.mark.parametrize('program', ['multi_gpu_train', 'dist_train'])
+def test_importing_a_trainer_defines_no_flag_running_it_defines_them(program, accepted_flags):
+  # Its define_flags(), called under __main__: a test or a second program imports its
+  # functions without inheriting its flags.
+  assert accepted_flags[program]['at_import'] == set()
+  assert {'num_gpus', 'batch_size', 'train_dir'} <= accepted_flags[program]['project']
 
 
 @pytest.mark.xdist_group('helpshort')

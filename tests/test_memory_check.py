@@ -35,7 +35,8 @@ import tensorflow as tf
 import helpers
 from training import memory_check
 import multi_gpu_train
-from training import training_run
+from training import directory, errors
+from training import startup
 
 GB = 10 ** 9
 # Images per tower whose step is counted at about 2 PB (2.07 MB each): more memory than
@@ -53,7 +54,7 @@ def _train_step_estimate(batch_size, num_towers=1):
       return tf.zeros([batch_size, 24, 24, 3]), tf.zeros([batch_size], tf.int32)
     graph = multi_gpu_train.build(next_batch, ['/cpu:%d' % i for i in range(num_towers)],
                                   batch_size, 50000)
-    fetches = multi_gpu_train.step_fetches(graph, async_towers=False)
+    fetches = startup.step_fetches(graph, async_towers=False)
     variable_bytes = sum(v.shape.num_elements() * v.dtype.base_dtype.size
                          for v in tf.compat.v1.global_variables())
     return memory_check.estimate_step_bytes(fetches), variable_bytes
@@ -115,13 +116,13 @@ def test_estimate_step_bytes_towers_add_their_activations():
 # ---- check_step_fits ------------------------------------------------------------
 
 def test_check_step_fits_too_large_names_batch_estimate_and_available():
-  with pytest.raises(training_run.TrainingError) as raised:
+  with pytest.raises(errors.TrainingError) as raised:
     memory_check.check_step_fits(int(102 * GB), int(21.3 * GB), 100000, 1)  # 0.6 x 102
   assert str(raised.value) == (
       'one step at --batch_size=100000 x 1 towers needs about 61.2 GB of memory '
       '(activations and gradients, estimated from the graph), and this machine has '
       '21.3 GB available. Lower --batch_size.')
-  with pytest.raises(training_run.TrainingError, match=r'x 4 towers needs about 900 MB .* '
+  with pytest.raises(errors.TrainingError, match=r'x 4 towers needs about 900 MB .* '
                      r'has 500 MB available\. Lower --batch_size or --num_gpus\.$'):
     memory_check.check_step_fits(1500 * 10 ** 6, 500 * 10 ** 6, 128, 4)
 
@@ -129,7 +130,7 @@ def test_check_step_fits_too_large_names_batch_estimate_and_available():
 def test_check_step_fits_needed_just_above_available_refuses():
   available = 6 * GB  # a step counted at 10 GB needs 0.6 x 10 = 6 GB: it fits exactly
   memory_check.check_step_fits(10 * GB, available, 128, 1)
-  with pytest.raises(training_run.TrainingError):
+  with pytest.raises(errors.TrainingError):
     memory_check.check_step_fits(10 * GB + 2, available, 128, 1)
 
 
@@ -142,7 +143,7 @@ def test_check_step_fits_128_x_4_towers_with_2_gb_free_passes():
 def test_check_step_fits_huge_batch_on_this_machine_refuses():
   estimate, _ = _train_step_estimate(HUGE_BATCH)
   assert estimate > 2 * 10 ** 15  # 2.07 MB per image, as measured at 64 .. 256 above
-  with pytest.raises(training_run.TrainingError,
+  with pytest.raises(errors.TrainingError,
                      match='^one step at --batch_size=%d x 1' % HUGE_BATCH):
     memory_check.check_step_fits(estimate, memory_check.memory_available() or 24 * GB,
                                  HUGE_BATCH, 1)
@@ -227,4 +228,4 @@ def test_huge_batch_stops_with_one_line(tmp_path):
   # Stopped before the session: nothing allocated, nothing written but the lock.
   assert 'Starting from step 0' not in done.out
   written = set(os.listdir(train_dir)) if train_dir.exists() else set()
-  assert written <= {training_run.LOCK_FILE}
+  assert written <= {directory.LOCK_FILE}

@@ -10,6 +10,7 @@ import helpers
 import mnist
 import mnist_input
 import multi_gpu_train
+from training.settings import Settings
 
 
 def test_inference_is_the_books_network_with_l2_terms_in_losses():
@@ -55,7 +56,7 @@ def test_train_two_towers_then_eval_learns_the_sample(mnist_sample, tmp_path, ca
   # In this process: the trainer's and the evaluator's own functions; the command
   # lines and their defaults are the next test's and tests/test_first_run.py's.
   train_dir = str(tmp_path / 'train')
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       train_dir, mnist_sample, dataset='mnist', num_gpus=2, batch_size=100, max_steps=200,
       log_frequency=100, seed=1))  # one outcome: unseeded runs measured 0.87-0.92
   out = capsys.readouterr().out
@@ -101,7 +102,7 @@ def test_flags_not_given_take_the_mnist_defaults(mnist_sample, tmp_path):
 
 def test_seeded_mnist_runs_repeat_exactly(mnist_sample, tmp_path):
   for name in ('a', 'b'):
-    multi_gpu_train.train(multi_gpu_train.Settings(
+    multi_gpu_train.train(Settings(
         str(tmp_path / name), mnist_sample, num_gpus=2, batch_size=50, max_steps=20, summary_steps=0,
         seed=3, dataset='mnist'))
   a, b = (helpers.checkpoint(tmp_path / name) for name in ('a', 'b'))

@@ -14,7 +14,9 @@ import cifar10
 import helpers
 from training import input_lib
 import multi_gpu_train
-from training import training_run
+from training import checkpoints
+from training.settings import Settings
+from training.errors import TrainingError
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
@@ -26,7 +28,7 @@ def _trainer(*args):
 
 def _settings(sample, train_dir, **changes):
   """Settings of a short run on the sample, one tower of 8 images, no summaries."""
-  return multi_gpu_train.Settings(str(train_dir), sample.dir, **dict(dict(
+  return Settings(str(train_dir), sample.dir, **dict(dict(
       num_gpus=1, batch_size=8, summary_steps=0, data_md5=sample.md5), **changes))
 
 
@@ -70,9 +72,9 @@ def test_two_towers_step_matches_one_tower_on_joined_batch():
 def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tmp_path,
                                                                      monkeypatch):
   monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 1e12)
-  with pytest.raises(multi_gpu_train.TrainingError,
+  with pytest.raises(TrainingError,
                      match=r'loss is nan at step \d+.*INITIAL_LEARNING_RATE'):
-    multi_gpu_train.train(multi_gpu_train.Settings(
+    multi_gpu_train.train(Settings(
         str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=50, summary_steps=0,
         save_every_n_steps=1, data_md5=sample.md5))
   # Checkpoints written while the loss was finite stay; none holds a NaN.
@@ -172,7 +174,7 @@ def test_failed_download_leaves_no_directories(tmp_path):
     s.bind(('127.0.0.1', 0))
     url = 'http://127.0.0.1:%d/cifar-10-binary.tar.gz' % s.getsockname()[1]
   with pytest.raises(input_lib.DataError) as raised:
-    multi_gpu_train.train(multi_gpu_train.Settings(
+    multi_gpu_train.train(Settings(
         str(tmp_path / 'train'), str(tmp_path / 'data'), data_url=url, max_steps=5))
   assert str(raised.value).startswith('cannot download %s' % url)
   assert 'python cifar10_input.py --write_sample=' in str(raised.value)  # the offline way in
@@ -212,7 +214,7 @@ def test_checkpoint_garbled_state_file_stops_and_keeps_checkpoints(sample, train
   train_dir = _copy(trained, tmp_path)
   (train_dir / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-6\n{{{')
   before = sorted(os.listdir(train_dir))
-  with pytest.raises(multi_gpu_train.TrainingError,
+  with pytest.raises(TrainingError,
                      match='checkpoint cannot be read as a checkpoint state file'):
     _train_briefly(train_dir, sample, max_steps=9)
   assert sorted(os.listdir(train_dir)) == before
@@ -223,7 +225,7 @@ def test_checkpoint_truncated_data_file_stops_naming_it(sample, trained, tmp_pat
   train_dir = _copy(trained, tmp_path)
   data_file = train_dir / 'model.ckpt-6.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:100000])
-  with pytest.raises(multi_gpu_train.TrainingError,
+  with pytest.raises(TrainingError,
                      match='checkpoint .*model.ckpt-6 .*cannot be read'):
     _train_briefly(train_dir, sample, max_steps=9)
   assert data_file.stat().st_size == 100000
@@ -254,7 +256,7 @@ def test_checkpoint_files_none_whole_without_state_file_stop(sample, trained, tm
       os.remove(train_dir / name)
   data_file = train_dir / 'model.ckpt-3.data-00000-of-00001'
   data_file.write_bytes(data_file.read_bytes()[:1000])
-  with pytest.raises(multi_gpu_train.TrainingError,
+  with pytest.raises(TrainingError,
                      match='holds checkpoints but none reads whole: model.ckpt-3'):
     _train_briefly(train_dir, sample, max_steps=9)
 
@@ -276,7 +278,7 @@ def _saving(train_dir):
   if not os.path.isdir(train_dir):
     return []
   return [name for name in os.listdir(train_dir)
-          if training_run.LEFTOVERS.match(name) and not name.startswith('run-')]
+          if checkpoints.LEFTOVERS.match(name) and not name.startswith('run-')]
 
 
 def _kill_in_a_save(task, train_dir):

@@ -10,9 +10,11 @@ from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 import cifar10
+import cifar10_input
 import helpers
 import multi_gpu_train
-from training import onednn
+from training import inputs, onednn, summaries
+from training.settings import Settings
 
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later
@@ -22,11 +24,11 @@ from training import onednn
 STEPS_TO_COMPARE = 4
 LOSS_ATOL = 2e-5
 VARIABLE_ATOL = 1e-4
-LOSS_TAG = multi_gpu_train.LOSS_TAGS + 'total_loss'
+LOSS_TAG = summaries.LOSS_TAGS + 'total_loss'
 
 
 def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **kwargs):
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       str(train_dir), sample.dir, num_gpus=num_gpus, batch_size=batch_size, max_steps=max_steps,
       summary_steps=1, data_md5=sample.md5, seed=seed, **kwargs))
 
@@ -56,8 +58,8 @@ def test_same_seed_twice_identical_losses_and_checkpoints(sample, tmp_path):
 def _global_batches(sample, num_gpus, batch_size, steps, start_step=0):
   """The images and labels the towers of a seeded run see, joined in tower order."""
   with tf.Graph().as_default():
-    next_batch, init = multi_gpu_train.input_pipeline(sample.dir, num_gpus, batch_size,
-                                                      seed=7, start_step=start_step)
+    next_batch, init = inputs.input_pipeline(sample.dir, num_gpus, batch_size, cifar10_input,
+                                            seed=7, start_step=start_step)
     towers = [next_batch() for _ in range(num_gpus)]
     images = tf.concat([i for i, _ in towers], 0)
     labels = tf.concat([l for _, l in towers], 0)

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 import helpers
 import multi_gpu_train
-from training import training_run
+from training import checkpoints, directory, errors, summaries
+from training.settings import Settings
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
@@ -40,7 +41,7 @@ def _files(directory):
 
 
 def _train(sample, train_dir, max_steps, save_every_n_steps=2):
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
       summary_steps=0, save_every_n_steps=save_every_n_steps, data_md5=sample.md5))
 
@@ -84,15 +85,15 @@ def test_second_trainer_stops_naming_pid_eval_reads_and_sigterm_saves(sample, tm
 
 
 def test_lock_of_a_killed_trainer_is_released(tmp_path, tasks):
-  holder = tasks([sys.executable, '-c', 'import sys, time; from training import training_run; '
-                  'lock = training_run.lock_train_dir(sys.argv[1]); print("locked", '
+  holder = tasks([sys.executable, '-c', 'import sys, time; from training import directory; '
+                  'lock = directory.lock_train_dir(sys.argv[1]); print("locked", '
                   'flush=True); time.sleep(600)', str(tmp_path)])
   holder.wait_for(lambda line: line == 'locked', 'the lock')
-  with pytest.raises(training_run.TrainingError, match='PID %d' % holder.pid):
-    training_run.lock_train_dir(str(tmp_path))
+  with pytest.raises(errors.TrainingError, match='PID %d' % holder.pid):
+    directory.lock_train_dir(str(tmp_path))
   holder.send(signal.SIGKILL)
   assert holder.finish() == -signal.SIGKILL
-  lock = training_run.lock_train_dir(str(tmp_path))  # the kernel released it
+  lock = directory.lock_train_dir(str(tmp_path))  # the kernel released it
   lock.close()
 
 
@@ -191,7 +192,7 @@ def test_copied_directory_resumes_from_its_own_files_original_untouched(sample, 
 
 def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
   _train(sample, tmp_path, max_steps=4)
-  multi_gpu_train.train(multi_gpu_train.Settings(
+  multi_gpu_train.train(Settings(
       str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=1, summary_steps=0,
       data_md5=sample.md5, fresh=True))
   backup = re.search(r'to (\S+/replaced-\S+):', capsys.readouterr().out).group(1)
@@ -297,18 +298,18 @@ def test_lock_file_symlink_refused_decoy_untouched(tmp_path):
   decoy.write_text('precious\n')
   (tmp_path / 'train').mkdir()
   os.symlink(decoy, tmp_path / 'train' / '.lock')
-  with pytest.raises(training_run.TrainingError,
+  with pytest.raises(errors.TrainingError,
                      match=r'%s is not a regular file .* Remove it' % re.escape(
                          str(tmp_path / 'train' / '.lock'))):
-    training_run.lock_train_dir(str(tmp_path / 'train'))
+    directory.lock_train_dir(str(tmp_path / 'train'))
   assert decoy.read_text() == 'precious\n'
 
 
 @pytest.mark.parametrize('make', [os.mkdir, os.mkfifo], ids=['directory', 'fifo'])
 def test_lock_file_not_regular_refused(tmp_path, make):
   make(tmp_path / '.lock')
-  with pytest.raises(training_run.TrainingError, match='is not a regular file'):
-    training_run.lock_train_dir(str(tmp_path))
+  with pytest.raises(errors.TrainingError, match='is not a regular file'):
+    directory.lock_train_dir(str(tmp_path))
 
 
 # ---- Rotation touches this directory's own checkpoints only ----------------------
@@ -319,7 +320,7 @@ def _session():
   with tf.Graph().as_default():
     tf.compat.v1.get_variable('weights', initializer=[1.0, 2.0])
     tf.compat.v1.train.get_or_create_global_step()
-    saver = training_run.make_saver()
+    saver = checkpoints.make_saver()
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       yield sess, saver
@@ -342,7 +343,7 @@ def test_save_checkpoint_glob_characters_in_dir_keeps_siblings_files(tmp_path):
   train_dir.mkdir()
   with _session() as (sess, saver):
     for step in range(1, 6):
-      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+      checkpoints.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
   assert {sibling: _files(runs / sibling) for sibling in ('g1', 'g2')} == before
   assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 4) | _checkpoint_files(
       train_dir, 5) | {'checkpoint'}
@@ -353,27 +354,27 @@ def test_save_checkpoint_glob_characters_in_dir_keeps_siblings_files(tmp_path):
 
 
 def test_check_train_dir_glob_characters_refused_naming_them(tmp_path):
-  with pytest.raises(training_run.TrainingError,
+  with pytest.raises(errors.TrainingError,
                      match=r'g\[12\] has \[ in its path: .* could never resume'):
-    training_run.check_train_dir(str(tmp_path / 'g[12]'))
+    directory.check_train_dir(str(tmp_path / 'g[12]'))
 
 
 def test_save_checkpoint_state_file_naming_paths_elsewhere_never_deletes_them(tmp_path):
   victim, elsewhere, train_dir = tmp_path / 'victim', tmp_path / 'elsewhere', tmp_path / 'train'
-  for directory in (victim, elsewhere, train_dir):
-    directory.mkdir()
-  for directory in (victim, elsewhere):
-    for name in _checkpoint_files(directory, 1):
-      (directory / name).write_text('keep me')
+  for place in (victim, elsewhere, train_dir):
+    place.mkdir()
+  for place in (victim, elsewhere):
+    for name in _checkpoint_files(place, 1):
+      (place / name).write_text('keep me')
   (train_dir / 'checkpoint').write_text(
       'model_checkpoint_path: "%s/model.ckpt-1"\n'
       'all_model_checkpoint_paths: "../victim/model.ckpt-1"\n'
       'all_model_checkpoint_paths: "%s/model.ckpt-1"\n' % (elsewhere, elsewhere))
   with _session() as (sess, saver):
     for step in range(2, 6):
-      training_run.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
-  for directory in (victim, elsewhere):
-    assert set(os.listdir(directory)) == _checkpoint_files(directory, 1)
+      checkpoints.save_checkpoint(sess, saver, str(train_dir), step, keep=2)
+  for place in (victim, elsewhere):
+    assert set(os.listdir(place)) == _checkpoint_files(place, 1)
   assert sorted(glob.glob(str(train_dir / '*.index'))) == [
       str(train_dir / 'model.ckpt-4.index'), str(train_dir / 'model.ckpt-5.index')]
 
@@ -385,7 +386,7 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
   train_dir.mkdir()
   outside.mkdir()
   with _session() as (sess, saver):
-    training_run.save_checkpoint(sess, saver, str(train_dir), 3, keep=5)
+    checkpoints.save_checkpoint(sess, saver, str(train_dir), 3, keep=5)
   leftovers = ['model.ckpt-2.data-00000-of-00001.tempstate123',
                'model.ckpt-2.index.tempstate456', 'model.ckpt-4_temp',
                'checkpoint.tmp99', 'model.ckpt-17.data-00000-of-00001', 'model.ckpt-17.meta']
@@ -400,14 +401,14 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
   mine = ['model.ckpt-2.txt', 'notes.tmp', 'checkpoint.old']  # not names a save leaves
   for name in mine:
     (train_dir / name).write_text('mine')
-  path, step, kept, notes = training_run.checkpoint_to_resume(str(train_dir))
+  path, step, kept, notes = checkpoints.checkpoint_to_resume(str(train_dir))
   assert (path, step) == (str(train_dir / 'model.ckpt-3'), 0)
   assert notes == ['Removed what interrupted runs left in %s: %s.' % (train_dir, ', '.join(
       sorted(leftovers + ['model.ckpt-9.data-00000-of-00001'])))]
   assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 3) | set(mine) | {
       'checkpoint'}
   assert (outside / 'model.ckpt-9.data-00000-of-00001').read_text() == 'not ours'
-  assert training_run.checkpoint_to_resume(str(train_dir))[3] == []  # nothing left
+  assert checkpoints.checkpoint_to_resume(str(train_dir))[3] == []  # nothing left
 
 
 # ---- A second signal stops at once, even inside TensorFlow ---------------------------
@@ -415,9 +416,9 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
 BLOCKED_IN_TENSORFLOW = '''
 import sys
 import tensorflow as tf
-from training import training_run
+from training import signals
 tf.compat.v1.disable_eager_execution()
-stop = training_run.StopSignals(sys.argv[1])
+stop = signals.StopSignals(sys.argv[1])
 inside = tf.print('inside sess.run', output_stream=sys.stderr)  # printed by the C++ kernel
 with tf.control_dependencies([inside]):
   dequeue = tf.queue.FIFOQueue(1, tf.float32).dequeue()  # nothing comes: waits in C++
@@ -459,11 +460,11 @@ def _limit_file_size(limit):
 
 
 def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
-  script = ('import signal, sys\nfrom training import training_run\n'
+  script = ('import signal, sys\nfrom training import errors, run_record\n'
             'signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n'
             'try:\n'
-            '  training_run.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
-            'except training_run.TrainingError as e:\n'
+            '  run_record.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
+            'except errors.TrainingError as e:\n'
             '  sys.exit("error: %s" % e)\n')
   done = helpers.run([sys.executable, '-c', script, str(tmp_path)],
                      preexec_fn=_limit_file_size(100))  # TensorFlow's start-up writes less
@@ -480,9 +481,9 @@ def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
 SUMMARIES_UNDER_LIMIT = '''
 import signal, sys
 import tensorflow as tf
-from training import training_run
+from training import summaries
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as StopSignals does
-writer = training_run.SummaryWriter(sys.argv[1])
+writer = summaries.SummaryWriter(sys.argv[1])
 for step in range(200):
   writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
       tag='loss', simple_value=float(step))]), step)
@@ -512,7 +513,7 @@ def test_summary_writer_over_file_size_limit_says_once_and_goes_on(tmp_path):
 def test_summary_writer_events_read_by_tensorboard(tmp_path):
   with tf.Graph().as_default() as graph:
     tf.constant(1.0, name='one')
-  writer = training_run.SummaryWriter(str(tmp_path), graph)
+  writer = summaries.SummaryWriter(str(tmp_path), graph)
   for step in (0, 5, 7):
     writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
         tag='total_loss', simple_value=step / 10)]).SerializeToString(), step)
@@ -526,9 +527,9 @@ def test_summary_writer_events_read_by_tensorboard(tmp_path):
 
 
 def test_summary_writers_made_in_the_same_second_keep_both_runs_events(tmp_path, monkeypatch):
-  monkeypatch.setattr(training_run.time, 'time', lambda: 1795575295.25)  # the same instant
+  monkeypatch.setattr(summaries.time, 'time', lambda: 1795575295.25)  # the same instant
   for step in (7, 9):  # a run, then its resumed run, as TensorBoard's reader sees them
-    writer = training_run.SummaryWriter(str(tmp_path))
+    writer = summaries.SummaryWriter(str(tmp_path))
     writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
         tag='total_loss', simple_value=step / 10)]), step)
     writer.close()

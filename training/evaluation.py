@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from training import input_lib
 from training import onednn
-from training import training_run
+from training import checkpoints, errors
 
 
 class EvalError(Exception):
@@ -69,13 +69,13 @@ def latest_checkpoint(checkpoint_dir):
       would silently report no checkpoint and this program would wait forever).
   """
   try:
-    named = training_run.read_state_file(checkpoint_dir)
-  except training_run.TrainingError as e:
+    named = checkpoints.read_state_file(checkpoint_dir)
+  except errors.TrainingError as e:
     raise EvalError(str(e)) from None
   if named is None:
     return None
   notes = []
-  path = training_run.in_this_dir(checkpoint_dir, named[0], notes)
+  path = checkpoints.in_this_dir(checkpoint_dir, named[0], notes)
   for note in notes:
     print(note)
   return path
@@ -191,7 +191,7 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa
         if os.path.exists(path + '.index') or path == went_away:
           raise EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
                           'at the trainer\'s --train_dir.' % (
-                              path, model.__name__, training_run.restore_error(e))) from None
+                              path, model.__name__, checkpoints.restore_error(e))) from None
         print('%s went away while being read; trying again.' % path)
         went_away = path
         continue

@@ -14,14 +14,14 @@ and a step that cannot fit stops the run with one line:
     (activations and gradients, estimated from the graph), and this machine has
     21.3 GB available. Lower --batch_size.
 
-Nothing here builds a model or reads flags; the error is training_run.TrainingError,
+Nothing here builds a model or reads flags; the error is errors.TrainingError,
 which the trainers already print as one line.
 """
 import os
 
 import tensorflow as tf
 
-from training import training_run
+from training import errors
 
 # ---- The margin ----------------------------------------------------------------
 USED_SHARE_OF_COUNTED = 0.6   # a large step was measured to use 0.25-0.35 (CIFAR-10) and
@@ -230,12 +230,12 @@ def check_step_fits(estimate_bytes, available_bytes, batch_size, num_towers):
     num_towers: int (the --num_gpus flag).
 
   Raises:
-    training_run.TrainingError: naming the batch, the estimate and what is available.
+    errors.TrainingError: naming the batch, the estimate and what is available.
   """
   needed = int(USED_SHARE_OF_COUNTED * estimate_bytes)
   if available_bytes is None or needed <= available_bytes:
     return
-  raise training_run.TrainingError(
+  raise errors.TrainingError(
       'one step at --batch_size=%d x %d towers needs about %s of memory (activations and '
       'gradients, estimated from the graph), and this machine has %s available. Lower '
       '--batch_size%s.' % (batch_size, num_towers, _size(needed),

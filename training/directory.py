@@ -1,0 +1,150 @@
+"""The training directory: its checks, its lock (one trainer per directory), its files.
+
+The directory's own files are found by listing it and matching their names,
+never by a glob of its path: a --train_dir such as runs/g[12] must not reach
+runs/g1 and runs/g2. Messages name the flags a user would change (--train_dir,
+--fresh), as the trainers' users know them.
+"""
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import os
+import shutil
+import stat
+import time
+
+from training.errors import TrainingError
+
+
+CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
+STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
+LOCK_FILE = '.lock'               # held by the running trainer; holds its PID
+GLOB_CHARACTERS = '*?[\\'         # TensorFlow's checkpoint reader expands these in a path
+TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
+
+
+def check_train_dir(train_dir):
+  """Raises TrainingError when train_dir names something other than a directory, or
+  a path TensorFlow could not read a checkpoint back from."""
+  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+    raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
+                        'at a directory (it is created if missing).' % train_dir)
+  found = sorted(set(GLOB_CHARACTERS) & set(train_dir))
+  if found:
+    raise TrainingError('--train_dir %s has %s in its path: TensorFlow reads a checkpoint '
+                        'back through a glob of its path, so this run could never resume. '
+                        'Name the directory without any of %s.'
+                        % (train_dir, ' '.join(found), ' '.join(GLOB_CHARACTERS)))
+
+
+def make_train_dir(train_dir):
+  """Creates train_dir if missing, or raises TrainingError naming it and the OS error."""
+  try:
+    os.makedirs(train_dir, exist_ok=True)
+  except OSError as e:
+    raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
+                        'can write to.' % (train_dir, e.strerror)) from None
+
+
+def lock_train_dir(train_dir):
+  """Takes an exclusive OS lock on train_dir for as long as the returned file is open.
+
+  The kernel releases the lock when the process ends, however it ends, so a
+  killed run never leaves a stale lock behind. Readers (cifar10_eval.py) do not
+  take it and are never blocked.
+
+  Returns:
+    the open lock file; keep a reference for the whole run.
+
+  Raises:
+    TrainingError: another process holds the lock, naming it by PID.
+  """
+  path = os.path.join(train_dir, LOCK_FILE)
+  not_a_file = ('%s is not a regular file (a symbolic link, a directory or a pipe), so '
+                'the trainer will not write its PID into it. Remove it; the trainer '
+                'creates its own.' % path)
+  try:  # O_NOFOLLOW: a symlink planted as .lock must not redirect the PID elsewhere
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+  except OSError as e:
+    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+      raise TrainingError(not_a_file) from None
+    raise TrainingError('cannot open the lock file %s: %s. Check that --train_dir is a '
+                        'directory you can write to.' % (path, e.strerror)) from None
+  if not stat.S_ISREG(os.fstat(fd).st_mode):
+    os.close(fd)
+    raise TrainingError(not_a_file)
+  lock = os.fdopen(fd, 'r+')
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EACCES):
+      raise
+    lock.seek(0)
+    holder = lock.read().strip() or 'unknown'
+    lock.close()
+    raise TrainingError(
+        '%s is in use by another trainer (PID %s): two runs in one directory would '
+        'overwrite each other\'s checkpoints. Stop that run, or give this one another '
+        '--train_dir.' % (train_dir, holder)) from None
+  try:
+    lock.seek(0)
+    lock.truncate()
+    lock.write('%d\n' % os.getpid())
+    lock.flush()
+  except OSError as e:
+    lock.close()
+    raise TrainingError('cannot write this trainer\'s PID into %s: %s. Free space or '
+                        'raise the file-size limit (ulimit -f), or point --train_dir at a '
+                        'writable disk.' % (path, e.strerror)) from None
+  return lock
+
+
+def write_whole(path, text):
+  """Writes text to path through a temporary file beside it: all of it or nothing.
+
+  Raises:
+    OSError: the temporary file is removed; path is as it was.
+  """
+  tmp_path = '%s.tmp%d' % (path, os.getpid())
+  try:
+    with open(tmp_path, 'w') as f:
+      f.write(text)
+    os.replace(tmp_path, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.remove(tmp_path)
+    raise
+
+
+def entries(train_dir):
+  """The names of train_dir's entries: listed, never globbed (see the module docstring)."""
+  return os.listdir(train_dir) if os.path.isdir(train_dir) else []
+
+
+def remove(path):
+  """Removes a file, a symbolic link (not what it points at) or a directory tree."""
+  if os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+
+
+def set_aside(train_dir):
+  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
+  found = sorted(name for name in entries(train_dir)
+                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in TRAIN_DIR_FILES))
+  if not found:
+    return
+  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
+  try:
+    os.makedirs(dest)
+    for name in found:
+      shutil.move(os.path.join(train_dir, name), dest)
+  except OSError as e:
+    raise TrainingError('--fresh cannot move the files of %s into %s: %s. Move them '
+                        'yourself, or point --train_dir at an empty directory.'
+                        % (train_dir, dest, e.strerror or e)) from None
+  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
+        'no longer need them.' % (len(found), train_dir, dest, ', '.join(found)))

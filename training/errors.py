@@ -1,0 +1,69 @@
+"""Errors a user can cause, and how a program ends on them: one line and an exit code.
+
+    with one_line_errors(): ...   # main(): `error: <message>`, exit 1 (138: a peer went away)
+
+Errors are TrainingError, with a message that names the path or value, what is
+wrong and what to do; PeerGone asks the orchestrator for a restart.
+"""
+import contextlib
+import re
+import sys
+
+from training import input_lib
+
+
+PEER_GONE_EXIT_CODE = 138  # 128 + SIGUSR1: "restart me"; Kubeflow retries codes >= 128
+
+
+class TrainingError(Exception):
+  """The run cannot go on; the message says why and what to do."""
+
+
+class PeerGone(TrainingError):
+  """A task this one needs (a ps task, the chief) is unreachable: a restart may cure it.
+
+  one_line_errors() exits PEER_GONE_EXIT_CODE for it, not 1, so that an
+  orchestrator restarts the task instead of failing the job.
+  """
+
+
+class Stopped(Exception):
+  """The run stopped on a signal after saving; exit with `exit_code`."""
+
+  def __init__(self, exit_code):
+    super().__init__(exit_code)
+    self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def one_line_errors():
+  """Ends a program with one line and an exit code for every failure a user can cause.
+
+  TrainingError and DataError print `error: <message>` and exit 1, PeerGone the
+  same with PEER_GONE_EXIT_CODE; Stopped exits with its code (130, 143), the
+  trainer having said where it stopped. A second Ctrl-C needs no clause:
+  StopSignals exits at once.
+  """
+  try:
+    yield
+  except PeerGone as e:
+    print('error: %s' % e, file=sys.stderr, flush=True)
+    sys.exit(PEER_GONE_EXIT_CODE)
+  except (TrainingError, input_lib.DataError) as e:
+    sys.exit('error: %s' % e)
+  except Stopped as e:
+    sys.exit(e.exit_code)
+
+
+def os_error(e, path):
+  """The OS's words in a TensorFlow or Python error: 'File too large', ..."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  # TensorFlow: '... /dir/model.ckpt-4.data-00000-of-00001.tempstate123; File too large'
+  said = re.search(re.escape(path) + r'\S*; ([^\n]+)', str(e))
+  return said.group(1).strip() if said else one_line(e)
+
+
+def one_line(e):
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__

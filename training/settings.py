@@ -1,0 +1,163 @@
+"""One run's settings: the data sets, the trainers' shared flags, their checks.
+
+Both trainers define these flags (define_trainer_flags) with their own defaults,
+the constants at the top of each program, and read them back as a Settings
+(settings_from_flags) in main(); everything below main() takes plain arguments.
+"""
+import collections
+import sys
+import typing
+
+from absl import flags
+
+import cifar10
+import cifar10_input
+import mnist
+import mnist_input
+from training import onednn
+from training import placement
+
+# ---- The data sets: a model package and an input module each --------------------
+# The model package gives inference(images), loss(logits, labels) and the
+# constants build() reads; the input module gives prepare, train_records,
+# train_dataset, seeded_dataset, synthetic_dataset and eval_dataset. A third
+# data set is one more package and one more line here.
+DataSet = collections.namedtuple('DataSet', ['model', 'input'])
+DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, mnist_input)}
+
+# The flags a trainer takes from its --dataset when not given: {dataset: {flag: default}}.
+DATASET_FLAGS = ('batch_size', 'max_steps', 'train_dir', 'data_dir')
+
+
+class Settings(typing.NamedTuple):
+  """One run's settings: the flags, or a test's arguments. The defaults are the
+  tutorial's; the programs pass their own constants (settings_from_flags)."""
+  train_dir: str
+  data_dir: str
+  num_gpus: int = 1
+  batch_size: int = 128                         # images per tower
+  max_steps: int = 1000000                      # the global step to stop at
+  dataset: str = 'cifar10'                      # a key of DATASETS
+  log_frequency: int = 10
+  summary_steps: int = 100                      # 0: no summaries
+  save_every_n_steps: int = 1000
+  synthetic: bool = False
+  data_url: str = None
+  data_md5: str = None
+  seed: int = None                              # int >= 0: the run repeats exactly
+  fresh: bool = False
+  async_towers: bool = False
+  use_fp16: bool = False                        # float16 towers, float32 variables
+  session: placement.SessionOptions = placement.SessionOptions()
+
+
+def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_steps,
+                         save_every_n_steps):
+  """The flags both trainers take, with the calling program's defaults.
+
+  Args:
+    dataset_defaults: {dataset: {'batch_size': .., 'max_steps': .., 'train_dir': ..,
+      'data_dir': ..}}: what a flag of DATASET_FLAGS not given takes.
+  """
+  def per_dataset(name):
+    return ', '.join('%s for %s' % (d[name], key) for key, d in dataset_defaults.items())
+  flags.DEFINE_enum('dataset', 'cifar10', list(DATASETS), 'The data set and its model; the '
+                    'flags below not given take its defaults.')
+  flags.DEFINE_integer('num_gpus', num_gpus, 'Number of towers (GPUs) to use.')
+  flags.DEFINE_integer('batch_size', None, 'Images per tower per step (default: %s).'
+                       % per_dataset('batch_size'))
+  flags.DEFINE_integer('max_steps', None, 'Global step at which to stop (default: %s).'
+                       % per_dataset('max_steps'))
+  flags.DEFINE_string('train_dir', None, 'Checkpoints and summaries go here (default: %s).'
+                      % per_dataset('train_dir'))
+  flags.DEFINE_string('data_dir', None, 'The data set\'s files (default: %s).'
+                      % per_dataset('data_dir'))
+  flags.DEFINE_string('data_url', None, 'Where to download the data (default: the '
+                      'official copy).')
+  flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for a '
+                      'copy of your own (default: the official archive\'s).')
+  flags.DEFINE_integer('log_frequency', log_frequency, 'Steps between loss lines.')
+  flags.DEFINE_integer('summary_steps', summary_steps, 'Steps between summaries; 0: none.')
+  flags.DEFINE_integer('save_every_n_steps', save_every_n_steps, 'Steps between checkpoints.')
+  flags.DEFINE_boolean('fresh', False, 'Start from step 0: move the checkpoints and event '
+                       'files already in --train_dir into a dated subdirectory first.')
+  flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
+                       'as they are ready (asynchronous), one thread per tower.')
+  flags.DEFINE_boolean('use_fp16', False, 'Train the model using fp16: float16 towers over '
+                       'float32 variables, with dynamic loss scaling (mixed_precision.py).')
+  flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
+                       'to time the compute alone.')
+  _define_session_flags()
+  flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, record '
+                       'order, distortions) so that the same command repeats exactly, '
+                       'whatever the towers, and a resumed run equals an uninterrupted one.')
+
+
+def _define_session_flags():
+  flags.DEFINE_boolean('log_device_placement', False, 'Log the device of every op.')
+  flags.DEFINE_boolean('allow_growth', False, 'Allocate GPU memory as needed instead of '
+                       'taking nearly all of it at start.')
+  flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s memory '
+                     'this process takes (per_process_gpu_memory_fraction); 0: no cap.')
+  flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
+  flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
+  flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on '
+                    'where measured faster for this model (x86 with AVX2), else '
+                    'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
+                    'TensorFlow loads.')
+
+
+def apply_dataset_defaults(flag_values, dataset_defaults):
+  """Gives the flags of DATASET_FLAGS not set on the command line their --dataset's."""
+  for name, value in dataset_defaults[flag_values.dataset].items():
+    if flag_values[name].value is None:
+      setattr(flag_values, name, value)
+
+
+def settings_from_flags(flag_values):
+  """The run's Settings from the command line, once apply_dataset_defaults() has run."""
+  session = placement.SessionOptions(
+      **{name: flag_values[name].value for name in placement.SessionOptions._fields})
+  return Settings(session=session, **{name: flag_values[name].value
+                                      for name in Settings._fields if name != 'session'})
+
+
+def refuse_arguments(argv):
+  """Stops the run on a stray word after the program's name (`--fresh false` is
+  --fresh and the word false, not --fresh=false)."""
+  if len(argv) > 1:
+    sys.exit('error: %s takes flags only, got the argument %r; a boolean flag takes '
+             '--flag=false, not --flag false' % (argv[0], argv[1]))
+
+
+def check_trainer_flags(flag_values, also_positive=()):
+  """Stops the run, naming the flag, when a trainer flag is out of range.
+
+  Args:
+    also_positive: names of the calling program's own flags that must be >= 1.
+  """
+  fv = flag_values
+  for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency',
+               'save_every_n_steps') + tuple(also_positive):
+    if fv[name].value < 1:
+      sys.exit('error: --%s must be at least 1, got %d' % (name, fv[name].value))
+  if fv.data_md5 and not hasattr(DATASETS[fv.dataset].input, 'DATA_MD5'):
+    sys.exit('error: --data_md5 names a copy of the CIFAR-10 archive; --dataset=%s reads '
+             'files with their own published md5s. Drop --data_md5.' % fv.dataset)
+  if fv.seed is not None and fv.seed < 0:
+    sys.exit('error: --seed must be 0 or more, got %d' % fv.seed)
+  if fv.use_fp16 and fv.async_towers:
+    sys.exit('error: --use_fp16 cannot train --async_towers: the towers share one loss '
+             'scale, and one tower halving it while another is between scaling its loss '
+             'and unscaling its gradients would apply that tower\'s gradients at twice or '
+             'half their size. Drop one of the two.')
+  if fv['seed'].present and fv['async_towers'].present and fv.async_towers:
+    sys.exit('error: --seed cannot repeat an --async_towers run: the towers race for the '
+             'shared variables by design, so the order of updates differs from run to run. '
+             'Drop one of the two.')
+  for name in ('summary_steps', 'intra_op_threads', 'inter_op_threads'):
+    if fv[name].value < 0:
+      sys.exit('error: --%s must be 0 or more, got %d' % (name, fv[name].value))
+  if not 0.0 <= fv.gpu_memory_fraction <= 1.0:
+    sys.exit('error: --gpu_memory_fraction must be between 0 and 1, got %g'
+             % fv.gpu_memory_fraction)

@@ -1,0 +1,34 @@
+"""The SGD update around the gradient average: the tutorial's learning-rate schedule
+and the moving averages that evaluation reads. Both trainers build these."""
+import tensorflow as tf
+
+
+def learning_rate(global_step, examples_per_update, examples_per_epoch, model):
+  """The tutorial's schedule: the rate drops by LEARNING_RATE_DECAY_FACTOR once per
+  NUM_EPOCHS_PER_DECAY epochs, counted in updates of examples_per_update images.
+
+  Returns:
+    (float32 scalar learning rate, int decay_steps: updates between two drops).
+  """
+  decay_steps = int(examples_per_epoch / examples_per_update * model.NUM_EPOCHS_PER_DECAY)
+  lr = tf.compat.v1.train.exponential_decay(model.INITIAL_LEARNING_RATE, global_step,
+                                            decay_steps, model.LEARNING_RATE_DECAY_FACTOR,
+                                            staircase=model.STAIRCASE)
+  return lr, decay_steps
+
+def moving_averages(global_step, model):
+  """The shadow copies evaluation reads: one per trainable variable, in every checkpoint."""
+  return tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY,
+                                                     num_updates=global_step)
+
+def then_average(update_op, ema):
+  """update_op, then the moving averages of the variables it has just changed."""
+  with tf.control_dependencies([update_op]):  # the averages read the updated values
+    ema_op = ema.apply(tf.compat.v1.trainable_variables())
+  return tf.group(update_op, ema_op)
+
+def schedule_line(model, decay_steps):
+  """The learning-rate schedule whole, from the model's constants, for start-up."""
+  return 'learning rate %g, multiplied by %g every %d updates (%s); constants in %s/model.py' % (
+      model.INITIAL_LEARNING_RATE, model.LEARNING_RATE_DECAY_FACTOR, decay_steps,
+      'staircase' if model.STAIRCASE else 'smoothly', model.__name__)
