@@ -459,7 +459,7 @@ def finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summ
     if step != last_summary:  # every run ends with a summary of where it stopped
       write_summary(writer, sess.run(graph.summary_op), step, None)
     writer.close()
-  if step != last_saved:
+  if step not in (last_saved, run.start.start_step):  # a step taken, and not yet saved
     save(sess, run, settings, step, all_finite, last_saved)
   steps.stopped(stop, step, run.start.start_step)
   return step
