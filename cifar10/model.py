@@ -11,18 +11,19 @@ fully connected layers with L2 weight decay, and a linear softmax layer:
 1,068,298 trainable parameters. A fresh model's total loss is about 4.68:
 ln(10) = 2.30 of cross-entropy plus about 2.37 of weight decay.
 
-No devices, flags, paths or printing here: the caller places the ops.
+No devices, flags, paths or printing here: the caller places the ops. Nothing of
+the project is imported but cifar10_input.py (by the input functions of
+cifar10/__init__.py, when called), and the model builds under the programs' own
+settings and under tf.compat.v1.disable_v2_behavior() alike.
 
-Mixed precision (mixed_precision.py): called with float16 images under a variable
-scope whose custom getter returns float16 casts of the float32 variables, the
-convolutions and matmuls run in float16; LRN, the weight decay (on the float32
-variables) and the logits stay float32. With float32 images and no getter the
-graph is exactly the float32 one.
+Mixed precision (training/mixed_precision.py, not imported here): called with
+float16 images under a variable scope whose custom getter returns float16 casts
+of the float32 variables, the convolutions and matmuls run in float16; LRN, the
+weight decay (on the float32 variables, _float32_value) and the logits stay
+float32. With float32 images and no getter the graph is exactly the float32 one.
 """
 import numpy as np
 import tensorflow as tf
-
-from training.mixed_precision import float32_value
 
 # ---- Data shape and schedule constants of the tutorial ---------------------
 IMAGE_SIZE = 24                        # pixels; the readers crop 32x32 images to this
@@ -59,7 +60,7 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
 
   Returns:
     float32 variable of `shape`; under a float16 custom getter
-    (mixed_precision.float16_getter), its float16 cast.
+    (training/mixed_precision.py's float16_getter), its float16 cast.
   """
   if bias_init is None:
     initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev)
@@ -67,9 +68,29 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
     initializer = tf.compat.v1.constant_initializer(bias_init)
   var = tf.compat.v1.get_variable(name, shape, tf.float32, initializer=initializer)
   if wd is not None:
-    weight_decay = tf.multiply(tf.nn.l2_loss(float32_value(var)), wd, name='weight_loss')
+    weight_decay = tf.multiply(tf.nn.l2_loss(_float32_value(var)), wd, name='weight_loss')
     tf.compat.v1.add_to_collection(LOSSES, weight_decay)
   return var
+
+
+def _float32_value(var):
+  """The float32 value behind what get_variable returned, for the weight decay.
+
+  Without a custom getter, the variable itself. Under a float16 getter
+  (training/mixed_precision.py's float16_getter), get_variable returns
+  tf.cast(variable, tf.float16), and the float32 read that cast was made from is
+  its op's input: the decay taken on it rounds neither its value nor its gradient
+  to float16. That is the getter's side of the protocol: one tf.cast of the
+  float32 variable. mnist/model.py has the same helper: each model stands alone.
+  """
+  if var.dtype.base_dtype == tf.float32:  # float32_ref under disable_v2_behavior()
+    return var
+  if var.op.type != 'Cast' or var.op.inputs[0].dtype.base_dtype != tf.float32:
+    raise TypeError('%s is %s and not a cast of a float32 variable; a custom getter must '
+                    'create the variables as float32 and return tf.cast(variable, dtype) '
+                    '(training/mixed_precision.py\'s float16_getter does)'
+                    % (var.name, var.dtype.name))
+  return var.op.inputs[0]
 
 
 def lrn(x, name):
@@ -98,7 +119,7 @@ def lrn(x, name):
 def _lrn_float32(x):
   """lrn on float32 x, with its gradient written out: 2 tensors of x's size fewer
   and 1.4x faster than TensorFlow's derivation of the same ops."""
-  depth = x.shape[-1]
+  depth = x.shape.as_list()[-1]  # an int; shape[-1] is a Dimension under v1 behaviour
   channel = np.arange(depth)
   within = np.abs(channel[:, None] - channel[None, :]) <= LRN_DEPTH_RADIUS
   band = tf.constant(LRN_ALPHA * within, tf.float32, name='band')  # [depth, depth]
@@ -122,7 +143,7 @@ def inference(images):
 
   Args:
     images: float32 [batch, 24, 24, 3], standardised per image; or float16, under
-      mixed_precision.float16_getter, to compute the layers in float16.
+      training/mixed_precision.py's float16_getter, to compute the layers in float16.
 
   Returns:
     logits: float32 [batch, 10], unnormalised (cast from float16 under the getter).
@@ -149,7 +170,8 @@ def inference(images):
 
   with tf.compat.v1.variable_scope('local3') as scope:
     # 24x24 input, two stride-2 pools: 6 x 6 x 64 = 2304 features per image.
-    dim = pool2.shape[1] * pool2.shape[2] * pool2.shape[3]
+    _, height, width, channels = pool2.shape.as_list()  # ints, under v1 behaviour too
+    dim = height * width * channels
     reshape = tf.reshape(pool2, [-1, dim])
     weights = _variable('weights', [dim, 384], stddev=0.04, wd=0.004)
     biases = _variable('biases', [384], stddev=None, bias_init=0.1)

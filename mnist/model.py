@@ -5,12 +5,15 @@ L2-regularised, the regulariser's terms in the LOSSES collection. The book's
 reader casts the uint8 pixels to float without scaling them to 0..1, and its
 learning rate (0.001) is tuned for that: mnist_input.py does the same.
 
-Mixed precision (mixed_precision.py): float16 pixels under float16_getter run the
-matmuls in float16; the L2 terms (on the float32 weights) and the logits stay float32.
+Mixed precision (training/mixed_precision.py, not imported here): float16 pixels
+under its float16_getter run the matmuls in float16; the L2 terms (on the float32
+weights, _float32_value) and the logits stay float32.
+
+Nothing of the project is imported here (the data is mnist_input.py's), and the
+model builds under the programs' own settings and under
+tf.compat.v1.disable_v2_behavior() alike.
 """
 import tensorflow as tf
-
-from training.mixed_precision import float32_value
 
 INPUT_NODE = 784                        # pixels of a 28x28 image, row-major
 LAYER1_NODE = 500                       # hidden units
@@ -42,8 +45,28 @@ def get_weight_variable(shape, regularizer):
   weights = tf.compat.v1.get_variable(
       'weights', shape, initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.1))
   if regularizer is not None:
-    tf.compat.v1.add_to_collection(LOSSES, regularizer(float32_value(weights)))
+    tf.compat.v1.add_to_collection(LOSSES, regularizer(_float32_value(weights)))
   return weights
+
+
+def _float32_value(var):
+  """The float32 value behind what get_variable returned, for the L2 terms.
+
+  Without a custom getter, the variable itself. Under a float16 getter
+  (training/mixed_precision.py's float16_getter), get_variable returns
+  tf.cast(variable, tf.float16), and the float32 read that cast was made from is
+  its op's input: the term taken on it rounds neither its value nor its gradient
+  to float16. That is the getter's side of the protocol: one tf.cast of the
+  float32 variable. cifar10/model.py has the same helper: each model stands alone.
+  """
+  if var.dtype.base_dtype == tf.float32:  # float32_ref under disable_v2_behavior()
+    return var
+  if var.op.type != 'Cast' or var.op.inputs[0].dtype.base_dtype != tf.float32:
+    raise TypeError('%s is %s and not a cast of a float32 variable; a custom getter must '
+                    'create the variables as float32 and return tf.cast(variable, dtype) '
+                    '(training/mixed_precision.py\'s float16_getter does)'
+                    % (var.name, var.dtype.name))
+  return var.op.inputs[0]
 
 
 def inference(input_tensor, regularizer='l2'):
@@ -51,7 +74,7 @@ def inference(input_tensor, regularizer='l2'):
 
   Args:
     input_tensor: float32 [batch, 784], pixels 0..255; or float16, under
-      mixed_precision.float16_getter, to compute in float16.
+      training/mixed_precision.py's float16_getter, to compute in float16.
     regularizer: callable weights -> scalar loss term; 'l2' (the default, what the
       trainer uses): l2_regularizer(REGULARIZATION_RATE); None: no term (the
       book's evaluation passes None).

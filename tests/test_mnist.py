@@ -12,6 +12,9 @@ import mnist_input
 import multi_gpu_train
 from training.settings import Settings
 
+# mnist/ importing nothing of training/, distributed/ or the programs, and building under
+# tf.compat.v1.disable_v2_behavior(): tests/test_cifar10_model.py, one process for both models.
+
 
 def test_inference_is_the_books_network_with_l2_terms_in_losses():
   with tf.Graph().as_default():

@@ -57,28 +57,17 @@ def float16_getter(getter, name, *args, **kwargs):
   tower_i/<layer>/<variable>_float16; the gradient flows back through the cast
   as float32.
 
+  The models, which import nothing of this package, take their weight decay on
+  the float32 read this cast is made from: the Cast op's input (_float32_value
+  in cifar10/model.py and mnist/model.py). Keep the result one tf.cast of the
+  float32 variable, or they raise a TypeError.
+
   Returns:
     float16 tensor of the variable's shape.
   """
   kwargs['dtype'] = tf.float32
   var = getter(name, *args, **kwargs)
   return tf.cast(var, tf.float16, name=name.split('/')[-1] + '_float16')
-
-
-def float32_value(var):
-  """The float32 value behind what get_variable returned: the variable itself,
-  or, under float16_getter, the float32 read its float16 cast was made from.
-
-  The models compute weight decay on this, so that neither its value nor its
-  gradient is rounded to float16.
-  """
-  if var.dtype == tf.float32:
-    return var
-  if var.op.type != 'Cast' or var.op.inputs[0].dtype != tf.float32:
-    raise TypeError('%s is %s and not a cast of a float32 variable; create the variables '
-                    'as float32 (mixed_precision.float16_getter does)'
-                    % (var.name, var.dtype.name))
-  return var.op.inputs[0]
 
 
 LossScale = collections.namedtuple('LossScale', [
