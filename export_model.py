@@ -2,7 +2,7 @@
 evaluation's preprocessing inside the graph.
 
     python export_model.py --train_dir=/tmp/cifar10_train --export_dir=/tmp/cifar10_model
-    python export_model.py --dataset=mnist --train_dir=/tmp/mnist_train --export_dir=/tmp/mnist_model
+    python export_model.py --dataset=mnist     # /tmp/mnist_train -> /tmp/mnist_model
     python classify.py --model_dir=/tmp/cifar10_model cat.png      # then use it
 
 Its signature serving_default takes the data set's raw pixels and returns the classes:
@@ -63,7 +63,7 @@ CLASS_NAMES_FILE = os.path.join('assets.extra', 'class_names.txt')  # SavedModel
 # ---- The data sets: the network, the preprocessing, the raw image -----------------
 DataSet = collections.namedtuple('DataSet', [
     'model',        # the model package: inference(images), MOVING_AVERAGE_DECAY, CLASS_NAMES
-    'input',        # the input module: eval_images(uint8 images), the evaluation's
+    'input',        # the input module: eval_images(uint8 images), the eval's preprocessing
     'image_shape',  # one raw image, as the data set stores it
     'train_dir', 'export_dir',  # the flags' defaults
     'trainer',      # the command that trains it, for the no-checkpoint message
@@ -192,7 +192,8 @@ def _mismatch(data, found):
 def write(sess, signature, export_dir, replacing, class_names):
   """Writes the session's graph and variables as a SavedModel at export_dir.
 
-  Written into a temporary directory beside export_dir, then renamed into place.
+  Written into a temporary directory beside export_dir, then renamed into place: a
+  failure, or Ctrl-C, leaves export_dir as it was and removes what was written.
   """
   parent = os.path.dirname(os.path.abspath(export_dir))
   created = _first_missing(parent)
@@ -202,6 +203,7 @@ def write(sess, signature, export_dir, replacing, class_names):
   except OSError as e:
     raise ExportError('cannot write into %s: %s. Name an --export_dir you can write to.'
                       % (parent, e.strerror)) from None
+  done = False
   try:
     staged = os.path.join(staging, 'model')
     builder = tf.compat.v1.saved_model.Builder(staged)
@@ -217,16 +219,24 @@ def write(sess, signature, export_dir, replacing, class_names):
       f.write(''.join(name + '\n' for name in class_names))
     if replacing:
       print('--overwrite: replacing the SavedModel in %s.' % export_dir)
-      os.rename(export_dir, os.path.join(staging, 'replaced'))
-    os.rename(staged, export_dir)
+      replaced = os.path.join(staging, 'replaced')
+      os.rename(export_dir, replaced)
+      try:
+        os.rename(staged, export_dir)
+      except BaseException:
+        os.rename(replaced, export_dir)  # the old export back in its place
+        raise
+    else:
+      os.rename(staged, export_dir)
+    done = True
   except (OSError, tf.errors.OpError) as e:
-    if created:
-      shutil.rmtree(created, ignore_errors=True)
+    said = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().split('\n')[0]
     raise ExportError('cannot write the SavedModel %s: %s. Free some space, or name an '
-                      '--export_dir you can write to.'
-                      % (export_dir, getattr(e, 'strerror', None) or e)) from None
+                      '--export_dir you can write to.' % (export_dir, said)) from None
   finally:
     shutil.rmtree(staging, ignore_errors=True)
+    if created and not done:
+      shutil.rmtree(created, ignore_errors=True)
 
 
 def _first_missing(path):
@@ -277,6 +287,9 @@ def main(argv):
     path, step = export(train_dir, export_dir, FLAGS.dataset, FLAGS.overwrite)
   except ExportError as e:
     sys.exit('error: %s' % e)
+  except KeyboardInterrupt:  # write() has removed what it wrote
+    print('Stopped by Ctrl-C; %s is as it was.' % export_dir, file=sys.stderr, flush=True)
+    sys.exit(130)
   shape = ', '.join(['N'] + [str(size) for size in data.image_shape])
   print('Wrote %s: a SavedModel of %s, moving averages (global step %d).'
         % (export_dir, path, step))
