@@ -6,6 +6,7 @@ The binary CIFAR-10 files hold fixed-length records of 1 label byte followed by
     maybe_download_and_extract(data_dir)        fetch + check the six .bin files
     distorted_inputs(data_dir, batch_size)       training batches, augmented
     inputs(eval_data, data_dir, batch_size)      evaluation batches, one pass
+    eval_images(images)                          uint8 images -> what the network reads
 
 Every path and size arrives as an argument; nothing here reads flags. Problems
 with the files raise DataError with a message naming the file and the fix.
@@ -348,10 +349,24 @@ def _distort(raw, draws):
 def _center_batch(records):
   """Central 24x24 crops, standardised, and the labels, for any batch size."""
   images, labels = decode_records(records)
+  return eval_images(images), labels
+
+
+def eval_images(images):
+  """The evaluation's preprocessing: the central 24x24 crop, standardised per image.
+
+  The evaluation's reader and export_model.py's SavedModel both call it.
+
+  Args:
+    images: uint8 [batch, 32, 32, 3], height x width x channel (RGB).
+
+  Returns:
+    float32 [batch, 24, 24, 3].
+  """
   offset = (HEIGHT - CROP_SIZE) // 2
   images = tf.cast(images[:, offset:offset + CROP_SIZE, offset:offset + CROP_SIZE, :],
                    tf.float32)
-  return tf.image.per_image_standardization(images), labels
+  return tf.image.per_image_standardization(images)
 
 
 def distorted_dataset(data_dir, batch_size, distort=True):

@@ -3,6 +3,7 @@
     maybe_download_and_convert(data_dir)          train.tfrecords, test.tfrecords, checked
     train_dataset(data_dir, batch_size)           shuffled, repeated, static-shaped batches
     eval_dataset(eval_data, data_dir, batch_size) every record once, in file order
+    eval_images(images)                           uint8 images -> what the network reads
     python mnist_input.py --write_sample=DIR      a small learnable set in the same layout
 
 One tf.train.Example per image, with the book's features: image_raw (bytes: 784
@@ -272,6 +273,18 @@ def _parse_batch(serialized):
 def _to_float(images):
   """uint8 -> float32 with the same values, 0..255, as the book's reader."""
   return tf.cast(images, tf.float32)
+
+
+def eval_images(images):
+  """What the evaluation's reader does to the pixels, for export_model.py's SavedModel.
+
+  Args:
+    images: uint8 [batch, 28, 28] (or [batch, 784]).
+
+  Returns:
+    float32 [batch, 784], 0..255: the book's unscaled pixels.
+  """
+  return _to_float(tf.reshape(images, [-1, IMAGE_PIXELS]))
 
 
 def train_dataset(data_dir, batch_size):

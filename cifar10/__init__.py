@@ -8,7 +8,7 @@ The network and its constants live in cifar10/model.py. The input functions belo
 are the original's names for cifar10_input.py's, taking explicit arguments where
 the original read global flags.
 """
-from cifar10.model import (ACTIVATIONS, CROSS_ENTROPY, IMAGE_SIZE,  # noqa: F401
+from cifar10.model import (ACTIVATIONS, CLASS_NAMES, CROSS_ENTROPY, IMAGE_SIZE,  # noqa: F401
                            INITIAL_LEARNING_RATE,
                            LEARNING_RATE_DECAY_FACTOR, LOSSES, MOVING_AVERAGE_DECAY,
                            NUM_CLASSES, NUM_EPOCHS_PER_DECAY,

@@ -28,6 +28,8 @@ import tensorflow as tf
 # ---- Data shape and schedule constants of the tutorial ---------------------
 IMAGE_SIZE = 24                        # pixels; the readers crop 32x32 images to this
 NUM_CLASSES = 10
+CLASS_NAMES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse',
+               'ship', 'truck')        # label i is CLASS_NAMES[i] (the archive's batches.meta.txt)
 NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 50000
 NUM_EXAMPLES_PER_EPOCH_FOR_EVAL = 10000
 

@@ -6,7 +6,8 @@
 
 The network and its constants live in mnist/model.py; the data in mnist_input.py.
 """
-from mnist.model import (ACTIVATIONS, CROSS_ENTROPY, INITIAL_LEARNING_RATE, INPUT_NODE,  # noqa: F401
+from mnist.model import (ACTIVATIONS, CLASS_NAMES, CROSS_ENTROPY, INITIAL_LEARNING_RATE,  # noqa: F401
+                         INPUT_NODE,
                          LAYER1_NODE, LEARNING_RATE_DECAY_FACTOR, LOSSES,
                          MOVING_AVERAGE_DECAY, NUM_CLASSES, NUM_EPOCHS_PER_DECAY,
                          NUM_EXAMPLES_PER_EPOCH_FOR_EVAL, NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,

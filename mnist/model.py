@@ -19,6 +19,7 @@ INPUT_NODE = 784                        # pixels of a 28x28 image, row-major
 LAYER1_NODE = 500                       # hidden units
 OUTPUT_NODE = 10                        # classes, digits 0..9
 NUM_CLASSES = OUTPUT_NODE
+CLASS_NAMES = tuple(str(digit) for digit in range(NUM_CLASSES))  # label i is the digit i
 NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN = 60000
 NUM_EXAMPLES_PER_EPOCH_FOR_EVAL = 10000
 

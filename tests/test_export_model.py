@@ -1,0 +1,306 @@
+"""export_model.py and classify.py: a checkpoint as a SavedModel, and what a user does with it.
+
+One CIFAR-10 model (20 steps on the session's sample) exported once by the program itself,
+and one MNIST model exported in this process, serve every test that needs a model: those
+tests carry @pytest.mark.xdist_group('export') so that one test process trains them once.
+"""
+import json
+import os
+import shutil
+import sys
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cifar10
+import cifar10_input
+import classify
+import export_model
+import helpers
+import mnist
+import mnist_input
+import multi_gpu_train
+from training import evaluation
+
+# Run as `python -I -c` in an empty directory: no project code can be imported there.
+PLAIN_TENSORFLOW = '''
+import importlib.util, json, sys
+import numpy as np
+import tensorflow as tf
+for name in ('cifar10', 'cifar10_input', 'export_model', 'training'):
+  assert importlib.util.find_spec(name) is None, name + ' is importable'
+model_dir, images_path, out_path = sys.argv[1:]
+serve = tf.saved_model.load(model_dir).signatures['serving_default']
+outputs = serve(images=tf.constant(np.load(images_path)))
+np.savez(out_path, **{name: value.numpy() for name, value in outputs.items()})
+spec = lambda t: [t.dtype.name, t.shape.as_list()]
+print(json.dumps({'inputs': {k: spec(v) for k, v in serve.structured_input_signature[1].items()},
+                  'outputs': {k: spec(v) for k, v in serve.structured_outputs.items()}}))
+'''
+
+
+@pytest.fixture(scope='module')
+def exported(sample, tmp_path_factory):
+  """A CIFAR-10 model trained 20 steps on the sample, exported by `python export_model.py`."""
+  root = tmp_path_factory.mktemp('export')
+  train_dir, export_dir = str(root / 'train'), str(root / 'model')
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      train_dir, sample.dir, num_gpus=1, batch_size=16, max_steps=20, summary_steps=0,
+      data_md5=sample.md5, seed=1))
+  done = helpers.run(['export_model.py', '--train_dir=' + train_dir,
+                      '--export_dir=' + export_dir])
+  assert done.code == 0, done.log()
+  return types.SimpleNamespace(root=str(root), train_dir=train_dir, export_dir=export_dir,
+                               checkpoint=os.path.join(train_dir, 'model.ckpt-20'), run=done)
+
+
+@pytest.fixture(scope='module')
+def mnist_exported(mnist_sample, tmp_path_factory):
+  """An MNIST model trained 20 steps on the sample, exported in this process."""
+  root = tmp_path_factory.mktemp('mnist_export')
+  train_dir, export_dir = str(root / 'train'), str(root / 'model')
+  multi_gpu_train.train(multi_gpu_train.Settings(
+      train_dir, mnist_sample, dataset='mnist', num_gpus=1, batch_size=50, max_steps=20,
+      summary_steps=0, seed=1))
+  path, step = export_model.export(train_dir, export_dir, 'mnist')
+  assert (path, step) == (os.path.join(train_dir, 'model.ckpt-20'), 20)
+  return types.SimpleNamespace(train_dir=train_dir, export_dir=export_dir, checkpoint=path)
+
+
+def _evaluation_probabilities(checkpoint, data_dir, model, data_input,
+                              use_moving_averages=True):
+  """float32 [records, 10]: the softmax of the logits evaluation.evaluate scores, built as
+  it builds them (its reader, its restore), for every test record in file order."""
+  with tf.Graph().as_default():
+    dataset, _ = data_input.eval_dataset('test', data_dir, 16)
+    images, _ = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    probabilities = tf.nn.softmax(model.inference(images))
+    if use_moving_averages:
+      ema = tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY)
+      saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
+    else:
+      saver = tf.compat.v1.train.Saver(tf.compat.v1.trainable_variables())
+    batches = []
+    with tf.compat.v1.Session() as sess:
+      saver.restore(sess, checkpoint)
+      while True:
+        try:
+          batches.append(sess.run(probabilities))
+        except tf.errors.OutOfRangeError:
+          return np.concatenate(batches)
+
+
+def _cifar10_test_records(data_dir):
+  """(uint8 [n, 32, 32, 3] RGB images, int labels [n]) of test_batch.bin, read by hand."""
+  raw = np.fromfile(os.path.join(cifar10_input.batches_dir(data_dir), 'test_batch.bin'),
+                    np.uint8).reshape(-1, cifar10_input.RECORD_BYTES)
+  return raw[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), raw[:, 0].astype(np.int64)
+
+
+def _tree_with_times(root):
+  return {path: os.path.getmtime(os.path.join(root, path)) for path in helpers.tree(root)}
+
+
+# ---- export_model.py --------------------------------------------------------------------
+
+@pytest.mark.xdist_group('export')
+def test_export_writes_saved_model_and_says_what_step_and_how_to_use_it(exported):
+  out, export_dir = exported.run.out.splitlines(), exported.export_dir
+  assert out == [
+      'Wrote %s: a SavedModel of %s, moving averages (global step 20).'
+      % (export_dir, exported.checkpoint),
+      'Signature serving_default: images uint8 [N, 32, 32, 3] -> classes int64 [N], '
+      'probabilities float32 [N, 10]; class names in %s/assets.extra/class_names.txt.'
+      % export_dir,
+      'Classify image files with it: python classify.py --model_dir=%s cat.png' % export_dir,
+  ], exported.run.log()
+  assert not exported.run.errors and 'Traceback' not in exported.run.err
+  assert helpers.tree(export_dir) == ['assets.extra/class_names.txt', 'saved_model.pb',
+                                      'variables/variables.data-00000-of-00001',
+                                      'variables/variables.index']
+  with open(os.path.join(export_dir, 'assets.extra', 'class_names.txt')) as f:
+    assert tuple(f.read().splitlines()) == cifar10.CLASS_NAMES
+  assert sorted(os.listdir(exported.root)) == ['model', 'train']  # no staging left behind
+
+
+@pytest.mark.xdist_group('export')
+def test_saved_model_in_plain_tensorflow_scores_the_evaluations_precision(exported, sample,
+                                                                         tmp_path):
+  images, labels = _cifar10_test_records(sample.dir)
+  np.save(tmp_path / 'images.npy', images)
+  done = helpers.run([sys.executable, '-I', '-c', PLAIN_TENSORFLOW, exported.export_dir,
+                      'images.npy', 'outputs.npz'],
+                     cwd=str(tmp_path), env=helpers.user_env(PYTHONPATH=None))
+  assert done.code == 0, done.log()
+  assert json.loads(done.out.splitlines()[-1]) == {
+      'inputs': {'images': ['uint8', [None, 32, 32, 3]]},
+      'outputs': {'classes': ['int64', [None]], 'probabilities': ['float32', [None, 10]]}}
+  outputs = np.load(tmp_path / 'outputs.npz')
+  classes, probabilities = outputs['classes'], outputs['probabilities']
+  assert classes.shape == (40,) and probabilities.shape == (40, 10)
+
+  # What cifar10_eval.py prints as precision @ 1: the same records, the same checkpoint.
+  precision, _, count, step = evaluation.evaluate(
+      exported.checkpoint, sample.dir, 'test', 16, True, cifar10, cifar10_input)
+  assert (count, step) == (40, 20)
+  assert np.sum(classes == labels) / len(labels) == precision
+  # Not only the argmax: the evaluation's preprocessing and its moving averages, image by image.
+  expected = _evaluation_probabilities(exported.checkpoint, sample.dir, cifar10, cifar10_input)
+  np.testing.assert_allclose(probabilities, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(classes, np.argmax(expected, axis=1))
+  raw = _evaluation_probabilities(exported.checkpoint, sample.dir, cifar10, cifar10_input,
+                                  use_moving_averages=False)
+  assert np.abs(probabilities - raw).max() > 1e-3  # the shadow weights, not the raw ones
+
+
+@pytest.mark.xdist_group('export')
+def test_export_existing_dir_refused_unless_overwrite_replaces_a_saved_model(exported,
+                                                                            tmp_path, capsys):
+  before = _tree_with_times(exported.export_dir)
+  with pytest.raises(export_model.ExportError) as e:
+    export_model.export(exported.train_dir, exported.export_dir, 'cifar10')
+  assert str(e.value) == (
+      '--export_dir %s holds a SavedModel already; nothing was written. Pass --overwrite to '
+      'replace it, or name another --export_dir.' % exported.export_dir)
+  assert _tree_with_times(exported.export_dir) == before
+
+  mine = tmp_path / 'mine'  # a user's directory is never replaced, --overwrite or not
+  mine.mkdir()
+  (mine / 'notes.txt').write_text('keep me')
+  with pytest.raises(export_model.ExportError, match='exists and is not a SavedModel'):
+    export_model.export(exported.train_dir, str(mine), 'cifar10', overwrite=True)
+  assert helpers.tree(mine) == ['notes.txt']
+
+  copy = tmp_path / 'copy'
+  shutil.copytree(exported.export_dir, copy)
+  (copy / 'old.txt').write_text('from the export replaced')
+  capsys.readouterr()
+  export_model.export(exported.train_dir, str(copy), 'cifar10', overwrite=True)
+  assert capsys.readouterr().out == '--overwrite: replacing the SavedModel in %s.\n' % copy
+  assert helpers.tree(copy) == helpers.tree(exported.export_dir)
+  assert sorted(os.listdir(tmp_path)) == ['copy', 'mine']  # nothing else left behind
+
+
+def test_export_without_checkpoint_exits_1_with_one_line_and_writes_nothing(tmp_path):
+  (tmp_path / 'train').mkdir()
+  export_dir = tmp_path / 'exports' / 'model'  # its parent is missing too
+  done = helpers.run(['export_model.py', '--train_dir=%s' % (tmp_path / 'train'),
+                      '--export_dir=%s' % export_dir])
+  assert done.code == 1 and done.errors == [
+      'error: no checkpoint in %s: nothing to export. Train first (python multi_gpu_train.py '
+      '--train_dir=%s), or point --train_dir at the trainer\'s --train_dir.'
+      % (tmp_path / 'train', tmp_path / 'train')], done.log()
+  assert 'Traceback' not in done.err and done.out == '', done.log()
+  assert sorted(os.listdir(tmp_path)) == ['train'] and os.listdir(tmp_path / 'train') == []
+
+
+@pytest.mark.xdist_group('export')
+def test_export_checkpoint_of_other_data_set_refused_naming_the_right_flag(mnist_exported,
+                                                                          tmp_path):
+  with pytest.raises(export_model.ExportError) as e:
+    export_model.export(mnist_exported.train_dir, str(tmp_path / 'model'), 'cifar10')
+  assert str(e.value) == (
+      '%s does not hold the cifar10 network (it has no conv1/biases/ExponentialMovingAverage). '
+      'It holds the mnist network: pass --dataset=mnist.' % mnist_exported.checkpoint)
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.xdist_group('export')
+def test_mnist_export_takes_28x28_pixels_and_scores_the_evaluations_precision(mnist_exported,
+                                                                             mnist_sample):
+  assert tf.executing_eagerly()  # as in a user's Python
+  serve = tf.saved_model.load(mnist_exported.export_dir).signatures['serving_default']
+  spec = serve.structured_input_signature[1]['images']
+  assert (spec.dtype, spec.shape.as_list()) == (tf.uint8, [None, 28, 28])
+  images, labels = mnist_input.read_records(os.path.join(mnist_sample, mnist_input.TEST_FILE))
+  outputs = serve(images=tf.constant(images.reshape(-1, 28, 28)))
+  classes, probabilities = outputs['classes'].numpy(), outputs['probabilities'].numpy()
+  assert classes.dtype == np.int64 and probabilities.shape == (500, 10)
+  precision, _, count, _ = evaluation.evaluate(
+      mnist_exported.checkpoint, mnist_sample, 'test', 100, True, mnist, mnist_input)
+  assert count == 500 and np.sum(classes == labels) / len(labels) == precision
+  expected = _evaluation_probabilities(mnist_exported.checkpoint, mnist_sample, mnist,
+                                       mnist_input)
+  np.testing.assert_allclose(probabilities, expected, rtol=1e-5, atol=1e-6)
+  with open(os.path.join(mnist_exported.export_dir, 'assets.extra', 'class_names.txt')) as f:
+    assert f.read() == '0\n1\n2\n3\n4\n5\n6\n7\n8\n9\n'
+
+
+# ---- classify.py ------------------------------------------------------------------------
+
+def _write_image(path, pixels):
+  encode = tf.io.encode_png if str(path).endswith('.png') else tf.io.encode_jpeg
+  tf.io.write_file(str(path), encode(pixels))
+
+
+@pytest.mark.xdist_group('export')
+def test_classify_prints_top_3_per_image_and_one_line_per_unreadable_file_exit_1(exported,
+                                                                                  tmp_path):
+  rng = np.random.default_rng(0)
+  _write_image(tmp_path / 'wide.png', rng.integers(0, 256, (37, 53, 3), np.uint8))
+  _write_image(tmp_path / 'small.jpg', rng.integers(0, 256, (19, 11, 3), np.uint8))
+  (tmp_path / 'notes.png').write_text('not an image')
+  done = helpers.run(['classify.py', '--model_dir=%s' % exported.export_dir, 'wide.png',
+                      'missing.png', 'notes.png', 'small.jpg'], cwd=str(tmp_path))
+  assert done.code == 1, done.log()
+  assert done.errors == [
+      'error: missing.png: cannot read it: No such file or directory',
+      'error: notes.png: cannot decode it: Unknown image file format. One of JPEG, JPEG XL, '
+      'PNG, GIF, BMP, WebP required.'], done.log()
+  assert 'Traceback' not in done.err
+  lines = done.out.splitlines()
+  assert [line.split(': ')[0] for line in lines] == ['wide.png', 'small.jpg'], done.log()
+  # The same lines as the SavedModel gives on the images read and resized here.
+  model = classify.load(exported.export_dir)
+  found, failed = classify.classify(model, [str(tmp_path / 'wide.png'),
+                                            str(tmp_path / 'small.jpg')])
+  assert failed == [] and [text for _, text in found] == [l.split(': ')[1] for l in lines]
+  for line in lines:
+    top = [pair.split(' ') for pair in line.split(': ')[1].split(', ')]
+    names, probabilities = [n for n, _ in top], [float(p) for _, p in top]
+    assert len(top) == 3 and len(set(names)) == 3 and set(names) <= set(cifar10.CLASS_NAMES)
+    assert probabilities == sorted(probabilities, reverse=True), line
+
+
+@pytest.mark.xdist_group('export')
+def test_classify_image_of_model_size_is_classified_as_the_raw_record(exported, sample,
+                                                                       tmp_path):
+  images, _ = _cifar10_test_records(sample.dir)
+  _write_image(tmp_path / 'record0.png', images[0])
+  model = classify.load(exported.export_dir)
+  assert model.image_shape == [32, 32, 3] and tuple(model.names) == cifar10.CLASS_NAMES
+  np.testing.assert_array_equal(classify.read_image(str(tmp_path / 'record0.png'), [32, 32, 3]),
+                                images[0])  # same size: not resampled
+  row = model.signature(images=tf.constant(images[:1]))['probabilities'].numpy()[0]
+  best = np.argsort(-row)[:3]
+  found, _ = classify.classify(model, [str(tmp_path / 'record0.png')])
+  assert found[0][1] == ', '.join('%s %.2f' % (cifar10.CLASS_NAMES[i], row[i]) for i in best)
+
+
+@pytest.mark.xdist_group('export')
+def test_classify_mnist_model_reads_any_image_as_28x28_greyscale_digits(mnist_exported,
+                                                                        tmp_path):
+  _write_image(tmp_path / 'digit.png', np.full((50, 30, 3), 200, np.uint8))
+  model = classify.load(mnist_exported.export_dir)
+  assert model.image_shape == [28, 28] and model.names == [str(d) for d in range(10)]
+  image = classify.read_image(str(tmp_path / 'digit.png'), model.image_shape)
+  assert image.shape == (28, 28) and image.dtype == np.uint8 and (image == 200).all()
+  found, failed = classify.classify(model, [str(tmp_path / 'digit.png')])
+  assert failed == [] and len(found[0][1].split(', ')) == 3
+
+
+def test_classify_model_dir_not_a_saved_model_one_line_exit_1(tmp_path, monkeypatch,
+                                                             capsys):
+  # main() as the program runs it, its one flag given by hand (absl's parse is absl's).
+  monkeypatch.setattr(classify, 'FLAGS', types.SimpleNamespace(model_dir=str(tmp_path)))
+  with pytest.raises(SystemExit) as e:
+    classify.main(['classify.py', 'cat.png'])
+  assert e.value.code == (
+      'error: %s is not a SavedModel (it has no saved_model.pb). Write one with python '
+      'export_model.py --export_dir=%s' % (tmp_path, tmp_path))  # exit 1, on stderr
+  with pytest.raises(SystemExit) as e:
+    classify.main(['classify.py'])
+  assert e.value.code.startswith('error: no image files given.')
+  assert capsys.readouterr().out == ''
