@@ -46,7 +46,7 @@ import mnist
 import mnist_input
 from training import evaluation
 from training import placement
-from training import training_run
+from training import checkpoints
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -164,7 +164,7 @@ def newest_checkpoint(train_dir, data):
     found = reader.get_variable_to_shape_map()
     step = int(reader.get_tensor('global_step'))
   except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
-    raise ExportError('cannot read checkpoint %s: %s' % (path, training_run.restore_error(e)))
+    raise ExportError('cannot read checkpoint %s: %s' % (path, checkpoints.restore_error(e)))
   wrong = _mismatch(data, found)
   if wrong:
     fits = [name for name, other in DATASETS.items() if not _mismatch(other, found)]
@@ -270,7 +270,7 @@ def export(train_dir, export_dir, dataset, overwrite=False):
       try:
         saver.restore(sess, path)
       except (tf.errors.OpError, ValueError) as e:
-        raise ExportError('cannot restore %s: %s' % (path, training_run.restore_error(e)))
+        raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
       write(sess, signature, export_dir, replacing, data.model.CLASS_NAMES)
   return path, step
 

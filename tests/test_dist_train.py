@@ -770,3 +770,37 @@ def test_sync_fp16_from_float32_checkpoint_chief_says_skips_global_step_waits(
   assert checkpoint['loss_scale/scale'] == 32768 / 2 ** len(skips)
   assert checkpoint['global_step'] == end
   assert_float32_variables(checkpoint)
+
+
+def _diverging_copy(tmp_path):
+  """A copy of the programs whose MNIST learning rate is 1e12: the loss diverges at once."""
+  copy = tmp_path / 'diverging'
+  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns(
+      '.git', 'tests', 'benchmarks', 'docs', 'deploy', '__pycache__'))
+  model = copy / 'mnist' / 'model.py'
+  text, edits = re.subn(r'^INITIAL_LEARNING_RATE = \S+', 'INITIAL_LEARNING_RATE = 1e12',
+                        model.read_text(), flags=re.M)
+  assert edits == 1
+  model.write_text(text)
+  return copy
+
+
+@pytest.mark.slow
+def test_chief_diverging_saves_no_non_finite_checkpoint_and_says_which_is_untouched(
+    tasks, tmp_path):
+  copy, train_dir = _diverging_copy(tmp_path), tmp_path / 'train'
+  launcher = tasks([str(copy / 'dist_train.py'), '--local_cluster=1,1',
+                    '--train_dir=%s' % train_dir, *QUICK_FLAGS, *STEADY_FLAGS,
+                    '--save_every_n_steps=1', '--summary_steps=0', '--max_steps=1000'])
+  assert launcher.finish() == 1, launcher.log()
+  [error] = [line.partition('] ')[2] for line in launcher.lines if '] error: ' in line]
+  said = re.search(r'(loss is nan at step \d+ on worker 0|a variable became NaN or '
+                   r'infinite by step \d+).*the last checkpoint, step (\d+), is untouched\.$',
+                   error)
+  assert said, launcher.log()
+  # What it says is so: that checkpoint is the newest, and no checkpoint holds a NaN.
+  state = tf.train.get_checkpoint_state(str(train_dir))
+  assert os.path.basename(state.model_checkpoint_path) == 'model.ckpt-%s' % said.group(2)
+  for path in state.all_model_checkpoint_paths:
+    for name, value in helpers.checkpoint(train_dir / path).items():
+      assert np.isfinite(value).all(), (path, name)
