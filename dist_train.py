@@ -536,10 +536,10 @@ def main(argv, slurm_cluster=None):
   """
   trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
   local_cluster.die_with_launcher()
-  check_flags()
+  check_flags(FLAGS)
   if FLAGS.local_cluster:
-    sys.exit(main_local_cluster())
-  cluster = cluster_from_flags(slurm_cluster)
+    sys.exit(main_local_cluster(FLAGS))
+  cluster = cluster_from_flags(FLAGS, slurm_cluster)
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
   # the chief saves, a ps task stops waiting for the workers.
   stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
@@ -563,32 +563,32 @@ def main(argv, slurm_cluster=None):
     train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
 
 
-def check_flags():
+def check_flags(flag_values):
   """Stops the run, naming the flag, for a flag this program refuses or a bad value."""
   for name, why in REFUSED_FLAGS.items():
-    if FLAGS[name].present:
+    if flag_values[name].present:
       sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
                'take: %s.' % (name, why))
-  trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)
-  trainer_settings.check_trainer_flags(FLAGS, also_positive=(
+  trainer_settings.apply_dataset_defaults(flag_values, DATASET_DEFAULTS)
+  trainer_settings.check_trainer_flags(flag_values, also_positive=(
       'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs', 'num_ps'))
   for name in SLURM_FLAGS:
-    if FLAGS[name].present and FLAGS.cluster != 'slurm':
+    if flag_values[name].present and flag_values.cluster != 'slurm':
       sys.exit('error: --%s is for --cluster=slurm; flags and TF_CONFIG name the ps tasks '
                'themselves' % name)
-  if not 0 < FLAGS.slurm_port_base < 65536:
+  if not 0 < flag_values.slurm_port_base < 65536:
     sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
-             % FLAGS.slurm_port_base)
-  if FLAGS.replicas_to_aggregate is not None:
-    if not FLAGS.sync_replicas:
+             % flag_values.slurm_port_base)
+  if flag_values.replicas_to_aggregate is not None:
+    if not flag_values.sync_replicas:
       sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
-               'apply their gradients one by one' % FLAGS.replicas_to_aggregate)
-    if FLAGS.replicas_to_aggregate < 1:
+               'apply their gradients one by one' % flag_values.replicas_to_aggregate)
+    if flag_values.replicas_to_aggregate < 1:
       sys.exit('error: --replicas_to_aggregate must be at least 1, got %d'
-               % FLAGS.replicas_to_aggregate)
+               % flag_values.replicas_to_aggregate)
 
 
-def cluster_from_flags(slurm_cluster=None):
+def cluster_from_flags(flag_values, slurm_cluster=None):
   """This task's cluster_env.Cluster: from the flags, TF_CONFIG or Slurm (--cluster).
 
   --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
@@ -598,13 +598,14 @@ def cluster_from_flags(slurm_cluster=None):
   Args:
     slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
   """
-  source = FLAGS.cluster or ('tf_config' if FLAGS.job_name is None and
+  source = flag_values.cluster or ('tf_config' if flag_values.job_name is None and
                              os.environ.get('TF_CONFIG', '').strip() else '')
   if not source:
-    return cluster_of_host_flags()
+    return cluster_of_host_flags(flag_values)
   try:
     if source == 'slurm':
-      cluster = slurm_cluster or cluster_env.from_slurm(FLAGS.num_ps, FLAGS.slurm_port_base)
+      cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
+                                                        flag_values.slurm_port_base)
       if isinstance(cluster, cluster_env.ClusterError):
         raise cluster
     else:
@@ -614,8 +615,8 @@ def cluster_from_flags(slurm_cluster=None):
             'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
             'it (Kubeflow\'s TFJob does) or give --job_name, --ps_hosts and --worker_hosts')
     cluster_env.check_agrees(cluster, **{
-        name: FLAGS[name].value for name in ('job_name', 'task_index', 'ps_hosts',
-                                             'worker_hosts') if FLAGS[name].present})
+        name: flag_values[name].value for name in ('job_name', 'task_index', 'ps_hosts',
+                                             'worker_hosts') if flag_values[name].present})
   except cluster_env.ClusterError as e:
     sys.exit('error: %s' % e)
   print(cluster.description)
@@ -625,14 +626,15 @@ def cluster_from_flags(slurm_cluster=None):
   return cluster
 
 
-def cluster_of_host_flags():
+def cluster_of_host_flags(flag_values):
   """The cluster --ps_hosts and --worker_hosts name, once this task is checked in it."""
-  if FLAGS.job_name is None:
+  if flag_values.job_name is None:
     sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
              '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
   try:
-    cluster = cluster_env.from_flags(FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts,
-                                     FLAGS.worker_hosts, FLAGS.allow_nonloopback_hosts)
+    cluster = cluster_env.from_flags(
+        flag_values.job_name, flag_values.task_index, flag_values.ps_hosts,
+        flag_values.worker_hosts, flag_values.allow_nonloopback_hosts)
   except cluster_env.ClusterError as e:
     sys.exit('error: %s' % e)
   if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
@@ -640,7 +642,7 @@ def cluster_of_host_flags():
   return cluster
 
 
-def slurm_cluster_first(argv):
+def slurm_cluster_first(argv, flag_values):
   """--cluster=slurm: the cluster, found before TensorFlow first looks for GPUs.
 
   SlurmClusterResolver sets this task's CUDA_VISIBLE_DEVICES, which CUDA reads
@@ -653,17 +655,17 @@ def slurm_cluster_first(argv):
     or None (not --cluster=slurm, or flags app.run will refuse).
   """
   try:
-    FLAGS(argv, known_only=True)
+    flag_values(argv, known_only=True)
   except flags.Error:
     return None
   try:
-    if FLAGS.cluster != 'slurm':
+    if flag_values.cluster != 'slurm':
       return None
-    return cluster_env.from_slurm(FLAGS.num_ps, FLAGS.slurm_port_base)
+    return cluster_env.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
   except cluster_env.ClusterError as e:
     return e
   finally:
-    FLAGS.unparse_flags()
+    flag_values.unparse_flags()
 
 
 def run_evaluator(settings, eval_dir, eval_interval_secs):
@@ -686,29 +688,29 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
         flush=True)
 
 
-def main_local_cluster():
+def main_local_cluster(flag_values):
   """--local_cluster=P,W: its checks and the data, then local_cluster.run; the exit code."""
   for name in LAUNCHER_FLAGS[1:]:
-    if FLAGS[name].present:
+    if flag_values[name].present:
       sys.exit('error: --local_cluster starts every task itself on 127.0.0.1; drop --%s'
                % name)
   try:
-    num_ps, num_workers = local_cluster.parse_spec(FLAGS.local_cluster)
+    num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
   except ValueError as e:
     sys.exit('error: %s' % e)
   with errors.one_line_errors():
-    if not FLAGS.synthetic:  # once, here, rather than racing in every worker
-      data_input = trainer_settings.DATASETS[FLAGS.dataset].input
-      data_input.prepare(FLAGS.data_dir, FLAGS.data_url, FLAGS.data_md5)
+    if not flag_values.synthetic:  # once, here, rather than racing in every worker
+      data_input = trainer_settings.DATASETS[flag_values.dataset].input
+      data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
     # Every flag given on this command line goes to every task.
-    task_flags = [FLAGS[name].serialize() for name in FLAGS
-                  if FLAGS[name].present and FLAGS[name].name not in LAUNCHER_FLAGS]
+    task_flags = [flag_values[name].serialize() for name in flag_values
+                  if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
     return local_cluster.run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
                              cluster_env.SECURITY_WARNING % 'the ports listed below')
 
 
 if __name__ == '__main__':
   define_flags()
-  slurm_cluster = slurm_cluster_first(sys.argv)  # sets CUDA_VISIBLE_DEVICES: before GPUs
+  slurm_cluster = slurm_cluster_first(sys.argv, FLAGS)  # sets CUDA_VISIBLE_DEVICES: before GPUs
   placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(functools.partial(main, slurm_cluster=slurm_cluster))

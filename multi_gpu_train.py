@@ -11,10 +11,7 @@ virtual CPU devices instead (start-up says so).
 
 Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 (cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
-Speed on a 2-core CPU without GPUs: about 700 examples/sec with 1, 2 or 4 towers
-with TensorFlow's default kernels, 1.4-1.6x that with oneDNN, which --onednn=auto
-turns on there (README "oneDNN on where it wins"); 1.4-1.6x the Keras
-MirroredStrategy peers (benchmarks/benchmark.py; README "Performance").
+Speed, and how it compares: README "Performance" (benchmarks/benchmark.py).
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
 --seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """
@@ -63,8 +60,7 @@ DATASET_DEFAULTS = {  # what --dataset gives the flags not set on the command li
     'cifar10': dict(batch_size=BATCH_SIZE, max_steps=MAX_STEPS, train_dir=TRAIN_DIR,
                     data_dir=DATA_DIR),
     'mnist': dict(batch_size=MNIST_BATCH_SIZE, max_steps=MNIST_MAX_STEPS,
-                  train_dir=MNIST_TRAIN_DIR, data_dir=MNIST_DATA_DIR),
-}
+                  train_dir=MNIST_TRAIN_DIR, data_dir=MNIST_DATA_DIR)}
 
 FLAGS = flags.FLAGS
 
@@ -166,11 +162,9 @@ def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device
           images = tf.cast(images, tf.float16)
         loss = tower_loss(scope, images, labels, model)  # float32 either way
         tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
-        if loss_scale:  # float16 gradients below 6e-8 would be zero: scale them up
-          tower_grads.append(optimizer.compute_gradients(
-              mixed_precision.scale_loss(loss, loss_scale)))
-        else:
-          tower_grads.append(optimizer.compute_gradients(loss))
+        # fp16: gradients below float16's 6e-8 would be zero, so the loss is scaled up.
+        scaled = mixed_precision.scale_loss(loss, loss_scale) if loss_scale else loss
+        tower_grads.append(optimizer.compute_gradients(scaled))
         tower_losses.append(loss)
   return Towers(tower_losses, tower_grads)
 
@@ -207,8 +201,7 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
   examples_per_update = batch_size * len(devices)
   with tf.device('/cpu:0'):
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    lr, decay_steps = learning_rate(global_step, examples_per_update, examples_per_epoch,
-                                    model)
+    lr, decay_steps = learning_rate(global_step, examples_per_update, examples_per_epoch, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
                   if use_fp16 else None)
@@ -293,10 +286,11 @@ def train(settings, stop=None, flag_values=None):
                           summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16)
       record = write_start(graph, run, settings, data, devices, where, epoch, flag_values)
       config = placement.session_config(num_cpu_devices, settings.session)
+      all_finite = checkpoints.all_variables_finite()  # what each save checks first
       with open_session(run, config, input_init) as (sess, saver):
         run_loop = loop_async if settings.async_towers else loop
-        run_loop(sess, Run(run, saver, data.model.__name__, record), graph, settings,
-                 stop or steps.NEVER)
+        run_loop(sess, Run(run, saver, all_finite, data.model.__name__, record), graph,
+                 settings, stop or steps.NEVER)
 
 
 def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
@@ -356,6 +350,7 @@ def open_session(run, config, input_init):
 Run = collections.namedtuple('Run', [
     'start',       # the startup.TrainRun: train_dir, checkpoint, start_step
     'saver',       # writes checkpoints (checkpoints.save_if_finite)
+    'all_finite',  # bool op: no variable is NaN or infinite, checked before each save
     'model_name',  # 'cifar10' or 'mnist', for the messages that name its constants
     'record',      # the run record, the event file's first entry
 ])
@@ -365,7 +360,6 @@ def loop(sess, run, graph, settings, stop):
   """The step loop: run, check, log, summarise, save; then the last save."""
   start_step = run.start.start_step
   writer = open_writer(sess, run.start, settings.summary_steps, run.record)
-  all_finite = checkpoints.all_variables_finite()
   # fp16: [applied, scale, new_scale] of each step; float32: nothing more to fetch.
   scale_fetches = list(graph.loss_scale_update[1:]) if graph.loss_scale_update else []
   step = last_summary = start_step
@@ -393,13 +387,13 @@ def loop(sess, run, graph, settings, stop):
       write_summary(writer, results[3], step - 1, examples_per_sec)
       last_summary = step - 1
     if step % settings.save_every_n_steps == 0:
-      last_saved = save(sess, run, settings, step, all_finite, last_saved)
-  finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summary, stop)
+      last_saved = save(sess, run, step, last_saved)
+  finish(sess, run, graph, writer, last_saved, last_summary, stop)
 
 
-def save(sess, run, settings, step, all_finite, last_saved):
+def save(sess, run, step, last_saved):
   return checkpoints.save_if_finite(sess, run.saver, run.start.train_dir, step,
-                                    KEEP_CHECKPOINTS, all_finite, run.model_name, last_saved)
+                                    KEEP_CHECKPOINTS, run.all_finite, run.model_name, last_saved)
 
 
 def loop_async(sess, run, graph, settings, stop):
@@ -409,7 +403,6 @@ def loop_async(sess, run, graph, settings, stop):
   stop exactly at max_steps.
   """
   writer = open_writer(sess, run.start, settings.summary_steps, run.record)
-  all_finite = checkpoints.all_variables_finite()
   take_update = _update_budget(settings.max_steps - run.start.start_step)
   halt, failures, threads = threading.Event(), [], []
   updates_by_tower = [0] * len(graph.train_ops)
@@ -440,17 +433,17 @@ def loop_async(sess, run, graph, settings, stop):
         write_summary(writer, results[2], previous, examples_per_sec)
         last_summary = previous
       if steps.crossed(previous, step, settings.save_every_n_steps):
-        last_saved = save(sess, run, settings, step, all_finite, last_saved)
+        last_saved = save(sess, run, step, last_saved)
   finally:
     halt.set()
     for thread in threads:
       thread.join()
-  step = finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summary, stop)
+  step = finish(sess, run, graph, writer, last_saved, last_summary, stop)
   print('updates applied per tower: %s; global step %d' % (', '.join(
       'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
 
 
-def finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summary, stop):
+def finish(sess, run, graph, writer, last_saved, last_summary, stop):
   """After the loop: a summary and a checkpoint of the step where it stopped, and
   errors.Stopped after a signal. Returns the global step."""
   # The global step, not the loop's count: async towers may have landed a few more.
@@ -460,7 +453,7 @@ def finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summ
       write_summary(writer, sess.run(graph.summary_op), step, None)
     writer.close()
   if step not in (last_saved, run.start.start_step):  # a step taken, and not yet saved
-    save(sess, run, settings, step, all_finite, last_saved)
+    save(sess, run, step, last_saved)
   steps.stopped(stop, step, run.start.start_step)
   return step
 
@@ -468,8 +461,7 @@ def finish(sess, run, graph, settings, writer, all_finite, last_saved, last_summ
 def _update_budget(updates):
   """A thread-safe countdown: the returned function is True `updates` times."""
   lock, left = threading.Lock(), [updates]
-
-  def take():
+  def take():  # noqa: E306
     with lock:
       left[0] -= 1
       return left[0] >= 0

@@ -5,7 +5,7 @@ dist_train.py's workers open their sessions through these:
     wait_for_ps(ps_hosts, secs, who)   # the ps ports answer, or PeerGone
     arm = start_watchdog()             # exits 138 when a wait inside TensorFlow hangs
     ChiefSessions(...), WorkerSessions(...)  # MonitoredSession's session creators
-    SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training.checkpoints and training.summaries
+    SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training/'s files
 
 A ps task that goes away (killed, restarted) aborts every worker's step;
 MonitoredSession then asks the creator for a new session, and these wait for the
