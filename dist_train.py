@@ -217,7 +217,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       graph = build(run, settings, worker, data, epoch, record)
       startup.check_memory([graph.train_op, graph.loss], settings)  # before writing
       if record:
-        print('Run record: %s' % run_record.write_run_record(settings.train_dir, record))
+        run_record.write_and_compare(settings.train_dir, record)
       print_start(run, graph, settings, data.model, epoch)
       with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
         step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)

@@ -302,7 +302,7 @@ def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
   record = run_record.describe(
       {'multi_gpu_train.py': run_record.constants_of(sys.modules[__name__])},
       flag_values, settings, devices, run.start_step, data)
-  print('Run record: %s' % run_record.write_run_record(settings.train_dir, record))
+  run_record.write_and_compare(settings.train_dir, record)
   startup.print_versions(where)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       settings.batch_size * settings.num_gpus, settings.batch_size, settings.num_gpus,

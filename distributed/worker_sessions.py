@@ -263,7 +263,7 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
     if 'summary' in run_values.results:
       self._writer.add_summary(run_values.results['summary'], step)
       self._last = step
-    self._due = self._last is None or step // self._every != self._last // self._every
+    self._due = self._last is None or steps.crossed(self._last, step, self._every)
 
   def end(self, session):
     del session

@@ -370,3 +370,22 @@ def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_pat
   assert ('Resuming from %s/model.ckpt-%d at step %d' % (tmp_path, step, step)
           in capsys.readouterr().out)
   assert helpers.global_step(tmp_path) == step + 1
+
+
+def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path, capsys,
+                                                                       monkeypatch):
+  def run(max_steps, batch_size):
+    multi_gpu_train.train(Settings(str(tmp_path), '', synthetic=True, batch_size=batch_size,
+                                   max_steps=max_steps, summary_steps=0),
+                          flag_values={'batch_size': batch_size, 'max_steps': max_steps})
+    return [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith('changed since')]
+
+  assert run(1, 8) == []  # the first run: nothing to compare with
+  monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
+  [changed] = run(2, 16)
+  assert re.fullmatch(r'changed since run-\d{8}-\d{6}-step0\.json: INITIAL_LEARNING_RATE '
+                      r'0\.1 -> 0\.05 \(cifar10/model\.py\); --batch_size 8 -> 16; '
+                      r'--max_steps 1 -> 2', changed), changed
+  assert run(3, 16) == ['changed since run-%s: --max_steps 2 -> 3' % sorted(
+      n for n in os.listdir(tmp_path) if n.startswith('run-'))[-2][4:]]

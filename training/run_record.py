@@ -3,6 +3,7 @@ import collections
 import datetime
 import json
 import os
+import re
 import sys
 import time
 
@@ -75,3 +76,49 @@ def data_read(data_input, settings):
   else:
     source['url'] = settings.data_url or data_input.DATA_URL
   return source
+
+
+def write_and_compare(train_dir, record):
+  """Writes the run's record and says where; then, when an earlier run's record is
+  there, what this run changed (an edited constant, another flag), in one line."""
+  changed = changes_since(train_dir, record)
+  print('Run record: %s' % write_run_record(train_dir, record))
+  if changed:
+    print(changed)
+
+
+def changes_since(train_dir, record):
+  """'changed since run-<...>.json: NAME old -> new (file); --flag old -> new', naming
+  what differs from the newest run record already in train_dir; None when nothing
+  does, or there is no earlier record (or none that reads as JSON)."""
+  previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
+                                      else []) if RECORD_NAME.match(name))
+  if not previous:
+    return None
+  try:
+    with open(os.path.join(train_dir, previous[-1])) as f:
+      old = json.load(f)
+  except (OSError, ValueError):
+    return None
+  new = json.loads(json.dumps(record))  # tuples as lists, as the file has them
+  changes = []
+  old_constants = old.get('constants') or {}
+  for source, constants in new.get('constants', {}).items():
+    for name, value in constants.items():
+      was = (old_constants.get(source) or {}).get(name, value)
+      if was != value:
+        changes.append('%s %s -> %s (%s)' % (name, _shown(was), _shown(value), source))
+  old_flags = old.get('flags') or {}
+  for name, value in new.get('flags', {}).items():
+    if name in old_flags and old_flags[name] != value:
+      changes.append('--%s %s -> %s' % (name, _shown(old_flags[name]), _shown(value)))
+  if not changes:
+    return None
+  return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
+
+
+RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')
+
+
+def _shown(value):
+  return json.dumps(value) if isinstance(value, str) or value is None else str(value)
