@@ -671,7 +671,7 @@ def slurm_cluster_first(argv, flag_values):
 def run_evaluator(settings, eval_dir, eval_interval_secs):
   """TF_CONFIG's evaluator: scores each new checkpoint of the chief's --train_dir.
 
-  What cifar10_eval.py and mnist_eval.py do beside training (evaluation.py), on
+  What cifar10_eval.py and mnist_eval.py do beside training (training/evaluation.py), on
   the --dataset's test set in --data_dir (also with --synthetic), in batches of
   --batch_size; it returns once it has scored a checkpoint at --max_steps.
   """

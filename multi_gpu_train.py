@@ -193,7 +193,7 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
     examples_per_epoch: int, training records in one epoch (for the schedule).
     summaries: bool, build the TensorBoard summary op.
     use_fp16: bool, float16 towers over float32 variables, with a dynamic loss
-      scale: a step whose averaged gradients overflow is skipped (mixed_precision.py).
+      scale: a step whose averaged gradients overflow is skipped (training/mixed_precision.py).
 
   Returns:
     a TrainGraph.

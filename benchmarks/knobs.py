@@ -20,7 +20,7 @@ def knobs_to_run():
   --seed       real input through the trainer's seeded pipeline (records picked
                by index_shuffle from (seed, step), one global batch a step),
                against the unseeded one
-  oneDNN       every row runs at the trainer's default (onednn.py; on x86 CPUs with
+  oneDNN       every row runs at the trainer's default (training/onednn.py; on x86 CPUs with
                AVX2, on); this one at the other setting
   """
   xla_flags = (os.environ.get('TF_XLA_FLAGS', '') + ' --tf_xla_cpu_global_jit').strip()
