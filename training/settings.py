@@ -84,7 +84,8 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
   flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
                        'as they are ready (asynchronous), one thread per tower.')
   flags.DEFINE_boolean('use_fp16', False, 'Train the model using fp16: float16 towers over '
-                       'float32 variables, with dynamic loss scaling (mixed_precision.py).')
+                       'float32 variables, with dynamic loss scaling '
+                       '(training/mixed_precision.py).')
   flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
                        'to time the compute alone.')
   _define_session_flags()
