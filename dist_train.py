@@ -378,7 +378,8 @@ def chief_hooks(run, settings, model, scaffold, global_step, record):
       run.start_step if run.checkpoint else None)]
   if scaffold.summary_op is not None:
     hooks.append(worker_sessions.WriteSummaries(
-        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record))
+        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record,
+        settings.batch_size * len(run.devices)))
   return hooks
 
 

@@ -383,9 +383,11 @@ def loop(sess, run, graph, settings, stop):
     examples_per_sec = graph.examples_per_update / duration
     if step % settings.log_frequency == 0 or step == start_step + 1:
       steps.print_loss_line(step, loss_value, examples_per_sec, duration / settings.num_gpus)
-    if summarize:
-      write_summary(writer, results[3], step - 1, examples_per_sec)
+    if summarize:  # with examples/sec: the median of the speeds noted since the last
+      write_summary(writer, results[3], step - 1)
       last_summary = step - 1
+    elif writer:  # a step without summaries, as the console's are (most of them)
+      writer.note_speed(examples_per_sec)
     if step % settings.save_every_n_steps == 0:
       last_saved = save(sess, run, step, last_saved)
   finish(sess, run, graph, writer, last_saved, last_summary, stop)
@@ -430,8 +432,10 @@ def loop_async(sess, run, graph, settings, stop):
           previous == run.start.start_step):
         steps.print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
       if summarize:
-        write_summary(writer, results[2], previous, examples_per_sec)
+        write_summary(writer, results[2], previous)
         last_summary = previous
+      elif writer:
+        writer.note_speed(examples_per_sec)
       if steps.crossed(previous, step, settings.save_every_n_steps):
         last_saved = save(sess, run, step, last_saved)
   finally:
@@ -450,7 +454,7 @@ def finish(sess, run, graph, writer, last_saved, last_summary, stop):
   step = sess.run(graph.global_step)
   if writer:
     if step != last_summary:  # every run ends with a summary of where it stopped
-      write_summary(writer, sess.run(graph.summary_op), step, None)
+      write_summary(writer, sess.run(graph.summary_op), step)
     writer.close()
   if step not in (last_saved, run.start.start_step):  # a step taken, and not yet saved
     save(sess, run, step, last_saved)
@@ -481,9 +485,7 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
 def main(argv):
   trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
   stop = signals.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
-  # Each line as it is printed, into a pipe too (`| tee run.log`), where Python's default
-  # would hold the start-up lines back until the session opens.
-  sys.stdout.reconfigure(line_buffering=True)
+  sys.stdout.reconfigure(line_buffering=True)  # each line at once, into `| tee` too
   trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)
   trainer_settings.check_trainer_flags(FLAGS)
   tf.compat.v1.disable_eager_execution()

@@ -235,12 +235,16 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
 
   summaries.SummaryWriter writes them: a failed write is said once, plainly,
   and training goes on. The event file opens with the run record; then the
-  summary op runs with the step every summary_steps global steps.
+  summary op runs with the step every summary_steps global steps, and beside it
+  examples_per_sec: the median of the chief's steps since the last summary that
+  computed none (summaries.write_summary), examples_per_step images each.
   """
 
-  def __init__(self, train_dir, summary_steps, summary_op, global_step, record):
+  def __init__(self, train_dir, summary_steps, summary_op, global_step, record,
+               examples_per_step):
     self._train_dir, self._every = train_dir, summary_steps
     self._summary_op, self._global_step, self._record = summary_op, global_step, record
+    self._examples_per_step, self._started = examples_per_step, None
     self._writer, self._last, self._due = None, None, True
 
   def after_create_session(self, session, coord):
@@ -255,14 +259,18 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
     fetches = {'step': self._global_step}
     if self._due:
       fetches['summary'] = self._summary_op
+    self._started = time.time()
     return tf.compat.v1.train.SessionRunArgs(fetches)
 
   def after_run(self, run_context, run_values):
     del run_context
+    duration = time.time() - self._started
     step = run_values.results['step']
     if 'summary' in run_values.results:
-      self._writer.add_summary(run_values.results['summary'], step)
+      summaries.write_summary(self._writer, run_values.results['summary'], step)
       self._last = step
+    else:
+      self._writer.note_speed(self._examples_per_step / duration)
     self._due = self._last is None or steps.crossed(self._last, step, self._every)
 
   def end(self, session):

@@ -61,6 +61,12 @@ def steps(pattern, lines):
   return [int(m.group(1)) for m in matches(pattern, lines)]
 
 
+def examples_per_sec(pattern, lines):
+  """The examples/sec of the loss lines (LOSS_LINE, WORKER_LOSS_LINE) among lines."""
+  return [float(re.search(r'\((\d+\.\d) examples/sec;', m.group(0)).group(1))
+          for m in matches(pattern, lines)]
+
+
 def listed_flags(help_text):
   """The flag names a program's --help or --helpshort output lists."""
   return set(re.findall(r'^  --(?:\[no\])?(\w+)', help_text, re.M))

@@ -265,6 +265,18 @@ def test_async_two_workers_both_train_to_exactly_max_steps(async_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('two_workers')
+def test_chief_tensorboard_examples_per_sec_within_a_quarter_of_its_loss_lines(async_run):
+  # Timed, as multi_gpu_train.py's, on the chief's steps that computed no summary.
+  train_dir, lines = async_run
+  console = helpers.examples_per_sec(WORKER_LOSS_LINE, helpers.by_task(lines)['worker0'])
+  board = helpers.scalars(train_dir, '2_training/examples_per_sec')
+  assert len(board) >= 3, board  # after the summaries at steps 10, 20, 30 (40 steps)
+  assert np.median(list(board.values())) == pytest.approx(np.median(console), rel=0.25), (
+      console, board)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('two_workers')
 @pytest.mark.parametrize('mode', ['async', 'sync'])
 def test_local_cluster_normal_finish_prints_no_error_looking_line(async_run, sync_run, mode):
   _, lines = async_run if mode == 'async' else sync_run

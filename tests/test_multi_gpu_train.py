@@ -261,6 +261,23 @@ def test_checkpoint_files_none_whole_without_state_file_stop(sample, trained, tm
     _train_briefly(train_dir, sample, max_steps=9)
 
 
+@pytest.mark.parametrize('async_towers', [False, True])
+def test_tensorboard_examples_per_sec_within_a_quarter_of_the_consoles(sample, tmp_path, capsys,
+                                                                       async_towers):
+  # A summary step also computes every histogram: timed on it, TensorBoard's rate read
+  # 4-5x below the console's. It is timed on the steps between summaries, as the loss
+  # lines are (one per step here, a fifth of them on summary steps).
+  multi_gpu_train.train(_settings(sample, tmp_path, max_steps=60, summary_steps=5,
+                                  log_frequency=1, num_gpus=1 + async_towers,
+                                  async_towers=async_towers))
+  console = np.median(helpers.examples_per_sec(helpers.LOSS_LINE,
+                                               capsys.readouterr().out.splitlines()))
+  board = helpers.scalars(tmp_path, '2_training/examples_per_sec')
+  # From step 5 on (step 0 has no steps before it); async: the steps a summary landed on.
+  assert len(board) >= (3 if async_towers else 10), board
+  assert np.median(list(board.values())) == pytest.approx(console, rel=0.25), (console, board)
+
+
 def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path, capsys):
   multi_gpu_train.train(_settings(sample, tmp_path, num_gpus=2, async_towers=True,
                                   max_steps=40, log_frequency=10))
