@@ -13,7 +13,10 @@ with the files raise DataError with a message naming the file and the fix.
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then TensorFlow quietly
+  from training import prelude
+  prelude.check_python()
+  prelude.import_tensorflow()
 
 import collections
 import io
@@ -266,10 +269,17 @@ def decode_records(records):
 
 
 def _split_records(raw):
-  """uint8 [batch, 3073] records -> (uint8 [batch, 32, 32, 3] HWC images, int32 labels)."""
+  """uint8 [batch, 3073] records -> (uint8 [batch, 32, 32, 3] HWC images, int32 labels).
+
+  The three channel planes are stacked last rather than transposed: with oneDNN on, a
+  Transpose of uint8 finds no oneDNN kernel, and TensorFlow says so in an error-looking
+  line (`E... oneDNN supports DT_UINT8 only on platforms with AVX-512`, on CPUs with it
+  too) before its own kernel does the work. Casting to float32 first does not avoid it:
+  TensorFlow's graph optimizer moves the transpose back before the cast.
+  """
   labels = tf.cast(raw[:, 0], tf.int32)
   depth_major = tf.reshape(raw[:, LABEL_BYTES:], [-1, DEPTH, HEIGHT, WIDTH])
-  return tf.transpose(depth_major, [0, 2, 3, 1]), labels
+  return tf.stack(tf.unstack(depth_major, axis=1), axis=-1), labels
 
 
 def decode_record(value):

@@ -105,8 +105,8 @@ def test_write_sample_cli_second_sample_into_same_directory_overwrites_nothing(
 @pytest.mark.skipif(HAS_GPU_DRIVER, reason='this machine has a GPU driver: the line is a '
                     'real error here, and is shown')
 def test_start_up_without_gpu_driver_prints_no_error_line(tmp_path):
-  # --synthetic: the GPU driver's lines are the subject. On real data, oneDNN without
-  # AVX-512 also logs an E-line (DT_UINT8 falls back to Eigen): a matter of its own.
+  # --synthetic: the GPU driver's lines are the subject. Real data, oneDNN on and
+  # TensorFlow's other lines: tests/test_prelude.py.
   done = helpers.run(['multi_gpu_train.py', '--synthetic', '--max_steps=1', '--batch_size=8',
                       '--train_dir=%s' % tmp_path])
   assert done.code == 0 and 'step 1, loss = ' in done.out, done.log()
