@@ -12,14 +12,12 @@ GPU, batch 128. Without the data set: python cifar10_input.py --write_sample=DIR
 It only reads --checkpoint_dir: it never writes, locks or deletes the trainer's
 files. Results go to stdout and to TensorBoard event files in --eval_dir.
 """
-import os
 import sys
 
-from training import onednn
+from training import prelude
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
+  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
 
 from absl import app
 from absl import flags

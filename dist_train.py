@@ -39,11 +39,10 @@ the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 import os
 import sys
 
-from training import onednn
+from training import prelude
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
+  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
 
 import collections
 import contextlib

@@ -26,11 +26,10 @@ renamed into place, so a run that fails leaves nothing behind. Takes a few secon
 import os
 import sys
 
-from training import onednn
+from training import onednn, prelude
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
+  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
 
 import collections
 import shutil

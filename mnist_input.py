@@ -14,7 +14,10 @@ as the book's reader did; its learning rate is tuned for that.
 """
 import os
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
+if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then TensorFlow quietly
+  from training import prelude
+  prelude.check_python()
+  prelude.import_tensorflow()
 
 import gzip
 import re

@@ -15,14 +15,12 @@ Speed, and how it compares: README "Performance" (benchmarks/benchmark.py).
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
 --seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """
-import os
 import sys
 
-from training import onednn
+from training import prelude
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's errors only; no INFO, WARNING
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  onednn.choose(sys.argv)  # before TensorFlow is imported: --onednn, the default, the env
+  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
 
 import collections
 import contextlib

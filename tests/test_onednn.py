@@ -13,7 +13,7 @@ import pytest
 import helpers
 from training import onednn
 AVX2_ONLY = {'fpu', 'sse4_2', 'avx', 'avx2', 'fma'}  # this project's AMD EPYC
-TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own, at import
+TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own INFO, at import
 
 
 @pytest.fixture(autouse=True)
@@ -106,9 +106,11 @@ def test_start_line_and_record_name_setting_and_reason():
 # ---- The programs, in subprocesses: TensorFlow reads the setting at import ----------
 
 def _run(program, *args, env=None):
-  """program, as a user runs it, with TF_ENABLE_ONEDNN_OPTS only as env gives it."""
+  """program, as a user runs it, with TF_ENABLE_ONEDNN_OPTS only as env gives it, and
+  TF_CPP_MIN_LOG_LEVEL=0: TensorFlow's INFO notice then says what it read."""
   done = helpers.run([program] + list(args), env=helpers.user_env(**dict(
-      {onednn.ENV: None, onednn.SET_HERE_ENV: None}, **(env or {}))))
+      {onednn.ENV: None, onednn.SET_HERE_ENV: None, 'TF_CPP_MIN_LOG_LEVEL': '0'},
+      **(env or {}))))
   assert done.code == 0, done.log()
   return done
 

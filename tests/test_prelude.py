@@ -1,0 +1,123 @@
+"""training/prelude.py: the Python check, and TensorFlow's start-up lines kept to its log level."""
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import helpers
+from training import prelude
+
+BANNER = (b'WARNING: All log messages before absl::InitializeLog() is called are written to '
+          b'STDERR\n')
+ONEDNN = (b'I0000 00:00:1795605088.891911   23957 port.cc:153] oneDNN custom operations are '
+          b'on. You may see slightly different numerical results ...\n')
+CUDA = (b'I0000 00:00:1795605088.892324   23957 cudart_stub.cc:31] Could not find cuda drivers '
+        b'on your machine, GPU will not be used.\n')
+WARNING = b'W1125 11:15:23.675665   23957 some_op.cc:12] something to look at\n'
+ERROR = b'E0000 00:00:1795605088.9   23957 dso_loader.cc:9] something broke\n'
+FATAL = (b'F0000 00:00:1795605088.9   23957 cpu_feature_guard.cc:1] The TensorFlow library '
+         b'was compiled to use AVX instructions, but these aren\'t available on your machine.\n')
+PLAIN = b'/usr/lib/python3/warnings.py:1: UserWarning: a Python warning\n'
+PROGRAMS = ['multi_gpu_train.py', 'dist_train.py', 'cifar10_eval.py', 'mnist_eval.py',
+            'export_model.py', 'cifar10_input.py', 'mnist_input.py']
+
+
+def test_filter_lines_drops_lines_below_the_level_with_their_banner_and_passes_the_rest():
+  # What TensorFlow 2.21 prints at import, once per library with its own absl, and more.
+  lines = [BANNER, ONEDNN, CUDA, PLAIN, BANNER, ONEDNN, CUDA, WARNING, ERROR, FATAL]
+  assert list(prelude.filter_lines(lines, 2)) == [PLAIN, ERROR, FATAL]
+  assert list(prelude.filter_lines(lines, 1)) == [PLAIN, WARNING, ERROR, FATAL]
+  assert list(prelude.filter_lines(lines, 3)) == [PLAIN, FATAL]
+  # A banner before a line that is shown stays with it.
+  assert list(prelude.filter_lines([BANNER, ERROR, CUDA], 2)) == [BANNER, ERROR]
+  assert list(prelude.filter_lines([b'partial line, no newline'], 2)) == [
+      b'partial line, no newline']
+
+
+def test_min_level_reads_as_tensorflow_does():
+  assert [prelude.min_level(v) for v in ('2', '0', '3', '', 'x')] == [2, 0, 3, 0, 0]
+
+
+def _key(line):
+  """A stderr line without its absl prefix (time, thread): notices compared by their text."""
+  return re.sub(r'^[IWEF]\d{4} \S+ +\d+ ', '', line)
+
+
+@pytest.mark.slow
+def test_train_then_evaluate_on_the_sample_no_warning_or_error_line_no_notice_twice(sample,
+                                                                                    tmp_path):
+  # Real records with oneDNN on: before, a transpose of uint8 pixels logged `E... oneDNN
+  # supports DT_UINT8 only on platforms with AVX-512` in both programs, and TensorFlow's
+  # start-up notices came twice, TF_CPP_MIN_LOG_LEVEL=2 notwithstanding (prelude.py).
+  env = helpers.user_env(TF_CPP_MIN_LOG_LEVEL=None)  # the programs' own default
+  train_dir = str(tmp_path / 'train')
+  runs = [helpers.run(['multi_gpu_train.py', '--onednn=on', '--max_steps=2', '--batch_size=8',
+                       '--train_dir=%s' % train_dir] + sample.flags, env=env, cwd=str(tmp_path)),
+          helpers.run(['cifar10_eval.py', '--onednn=on', '--run_once',
+                       '--checkpoint_dir=%s' % train_dir, '--eval_dir=%s' % (tmp_path / 'eval')]
+                      + sample.flags, env=env, cwd=str(tmp_path))]
+  for done in runs:
+    assert done.code == 0, done.log()
+    lines = done.err.splitlines()
+    assert not [line for line in lines if re.match(r'[EW]\d{4} ', line)], done.log()
+    counts = collections.Counter(map(_key, lines))
+    assert not [line for line, n in counts.items() if n > 1 and line.strip()], done.log()
+  assert 'precision @ 1 = ' in runs[1].out, runs[1].log()
+
+
+@pytest.mark.slow
+def test_trainer_at_log_level_0_shows_tensorflow_start_up_notices(tmp_path):
+  # Nothing of TensorFlow's is dropped when the user asks for everything.
+  done = helpers.run(['multi_gpu_train.py', '--onednn=on', '--synthetic', '--max_steps=1',
+                      '--batch_size=8', '--train_dir=%s' % tmp_path],
+                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'))
+  assert done.code == 0, done.log()
+  assert 'oneDNN custom operations are on' in done.err, done.log()
+
+
+def test_check_python_older_than_3_11_exits_with_one_line():
+  with pytest.raises(SystemExit) as e:
+    prelude.check_python((3, 10, 13, 'final', 0))
+  assert re.fullmatch(r'error: this project needs Python 3\.11 or newer; this is Python '
+                      r'3\.10\.13 \(.*\)\. Install one, then `python -m pip install -r '
+                      r'requirements.txt` with it\.', e.value.code), e.value.code
+  prelude.check_python((3, 11, 0))  # returns
+  prelude.check_python((4, 0, 0))
+
+
+@pytest.mark.parametrize('program', PROGRAMS)
+def test_program_on_python_3_10_exits_with_one_line_before_importing_tensorflow(program):
+  # This Python, saying it is 3.10: the check runs before anything newer is needed.
+  code = ('import runpy, sys\n'
+          'sys.version_info = (3, 10, 13, "final", 0)\n'
+          'sys.argv = [%r, "--helpshort"]\n'
+          'try:\n'
+          '  runpy.run_path(%r, run_name="__main__")\n'
+          'finally:\n'
+          '  print("tensorflow imported:", "tensorflow" in sys.modules)\n'
+          % (program, os.path.join(helpers.ROOT, program)))
+  done = helpers.run([sys.executable, '-c', code])
+  assert done.code == 1 and done.out == 'tensorflow imported: False\n', done.log()
+  assert done.err.startswith('error: this project needs Python 3.11 or newer; this is Python '
+                             '3.10.13') and len(done.err.splitlines()) == 1, done.log()
+
+
+def _python_3_10():
+  path = shutil.which('python3.10')
+  try:
+    ok = path and subprocess.run([path, '-c', 'import sys; assert sys.version_info[:2] == '
+                                  '(3, 10)'], capture_output=True, timeout=60).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    ok = False
+  return path if ok else None
+
+
+@pytest.mark.skipif(not _python_3_10(), reason='no python3.10 on this machine')
+def test_trainer_run_by_a_real_python_3_10_exits_with_one_line():
+  done = helpers.run([_python_3_10(), os.path.join(helpers.ROOT, 'multi_gpu_train.py')])
+  assert done.code == 1 and len(done.err.splitlines()) == 1, done.log()
+  assert done.err.startswith('error: this project needs Python 3.11 or newer'), done.log()

@@ -1,0 +1,127 @@
+"""What every program does first, before TensorFlow is imported.
+
+    from training import prelude
+    if __name__ == '__main__':
+      prelude.start(sys.argv)  # before TensorFlow is imported
+
+  1. check_python(): Python 3.11 or newer, else one line and exit 1
+     (distributed/local_cluster.py starts its tasks with Popen(process_group=), new
+     in 3.11; below it a run would stop on a traceback, or further in).
+  2. onednn.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
+  3. import_tensorflow(): TF_CPP_MIN_LOG_LEVEL=2 unless you set it (TensorFlow's
+     errors show, its INFO and WARNING lines do not), applied to the lines TensorFlow
+     prints while it loads too.
+
+Why 3 takes more than setting the variable. TensorFlow 2.21 logs through absl, and
+reads TF_CPP_MIN_LOG_LEVEL in a static initializer (logging_initializer.cc) of each
+library that carries its own copy of absl: libtensorflow_framework.so.2, and
+python/profiler/internal/_pywrap_profiler_plugin.so, which links its own. In each,
+the initializers of port.cc and cudart_stub.cc run first, so their INFO notices
+("oneDNN custom operations are on", "Could not find cuda drivers on your machine")
+and absl's banner ("WARNING: All log messages before absl::InitializeLog() is called
+are written to STDERR") come out before the level is set, once per library: twice.
+import_tensorflow() applies the level to those lines itself. A line in absl's format
+below the level is dropped, with the banner that came just before it; every other
+line passes as TensorFlow wrote it (errors, anything not in absl's format, and
+everything at TF_CPP_MIN_LOG_LEVEL=0).
+
+Imports no TensorFlow but in import_tensorflow().
+"""
+import os
+import re
+import signal
+import sys
+
+from training import onednn
+
+PYTHON = (3, 11)              # the oldest Python the programs run on
+LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
+DEFAULT_LOG_LEVEL = '2'       # TensorFlow's errors only; no INFO, WARNING
+SEVERITIES = 'IWEF'           # absl's letters, in TF_CPP_MIN_LOG_LEVEL's order 0..3
+ABSL_LINE = re.compile(r'([IWEF])\d{4} \d\d:\d\d:[\d.]+ +\d+ [^ \]]+:\d+\] ')
+BANNER = 'WARNING: All log messages before absl::InitializeLog() is called are written to'
+
+
+def start(argv):
+  """check_python(), onednn.choose(argv), import_tensorflow(): a program's first lines."""
+  check_python()
+  onednn.choose(argv)
+  import_tensorflow()
+
+
+def check_python(version=None):
+  """Exits with one line when this Python is older than PYTHON."""
+  version = tuple(version or sys.version_info)
+  if version[:2] < PYTHON:
+    sys.exit('error: this project needs Python %d.%d or newer; this is Python %s (%s). '
+             'Install one, then `python -m pip install -r requirements.txt` with it.'
+             % (PYTHON + ('.'.join(map(str, version[:3])), sys.executable)))
+
+
+def import_tensorflow(environ=None):
+  """Imports TensorFlow with TF_CPP_MIN_LOG_LEVEL (2 unless set) applied to its loading too.
+
+  While TensorFlow loads, stderr (file descriptor 2, where its C++ code writes) goes
+  through a pipe to a child process that passes on every line but those filter_lines()
+  drops. A child, not a thread: a message TensorFlow prints just before it aborts the
+  import (a CPU without the instructions it was built for) still reaches the terminal.
+  """
+  environ = os.environ if environ is None else environ
+  environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
+  level = min_level(environ[LOG_LEVEL_ENV])
+  if 'tensorflow' in sys.modules or level == 0:
+    import tensorflow  # noqa: F401  (nothing to drop, or too late to)
+    return
+  sys.stderr.flush()
+  read_end, write_end = os.pipe()
+  child = os.fork()
+  if child == 0:  # passes the lines on until TensorFlow is in, or the parent is gone
+    os.close(write_end)
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent decides; this drains
+      signal.signal(signum, signal.SIG_IGN)
+    try:
+      with os.fdopen(read_end, 'rb') as lines, os.fdopen(2, 'wb', buffering=0) as out:
+        for line in filter_lines(lines, level):
+          out.write(line)
+    finally:
+      os._exit(0)
+  os.close(read_end)
+  saved_stderr = os.dup(2)
+  os.dup2(write_end, 2)
+  os.close(write_end)
+  try:
+    import tensorflow  # noqa: F401,F811
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the child ends
+    os.close(saved_stderr)
+    os.waitpid(child, 0)  # and its lines come before anything printed after
+
+
+def min_level(value):
+  """TF_CPP_MIN_LOG_LEVEL's value as TensorFlow reads it: an integer, 0 if it is none."""
+  try:
+    return int(value)
+  except ValueError:
+    return 0
+
+
+def filter_lines(lines, level):
+  """The lines (bytes) to show: all but absl-format lines below `level`.
+
+  absl's banner is held until the next line: shown before a line that is shown,
+  dropped with one that is dropped.
+  """
+  banner = None
+  for line in lines:
+    if line.decode('utf-8', 'replace').startswith(BANNER):
+      banner = line
+      continue
+    found = ABSL_LINE.match(line.decode('utf-8', 'replace'))
+    if found and SEVERITIES.index(found.group(1)) < level:
+      banner = None
+      continue
+    if banner:
+      yield banner
+      banner = None
+    yield line
