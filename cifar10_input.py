@@ -207,10 +207,16 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
     try:
       check_data_files(paths, per_file)
     except DataError as e:
-      if not (os.path.isfile(archive) and input_lib.md5_of(archive) == data_md5):
+      found = os.path.isfile(archive) and input_lib.md5_of(archive)
+      if not found:
         raise
-      print('%s Extracting it again from the verified archive %s.'
-            % (str(e).split('. ')[0] + '.', archive))
+      what = str(e).split('. ')[0] + '.'
+      if found != data_md5:  # another copy: a sample's, or the user's own
+        raise DataError(
+            '%s The archive beside it, %s, has md5 %s, not %s: to use this copy, pass '
+            '--data_md5=%s; for the expected archive instead, remove %s and %s.'
+            % (what, archive, found, data_md5, found, archive, dest)) from None
+      print('%s Extracting it again from the verified archive %s.' % (what, archive))
       _extract(archive, data_dir, per_file)
   else:
     _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None)

@@ -2,6 +2,7 @@
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 
@@ -286,11 +287,26 @@ def test_check_data_files_label_out_of_range_names_file_record_and_value(tmp_pat
       path, label) in str(e.value)
 
 
-def test_official_md5_requires_10000_records_per_file(sample):
+def test_official_md5_on_a_sample_gives_its_archive_md5_as_the_flag_to_pass(sample):
+  # The sample's files hold 40 records each, and its archive lies beside them.
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(sample.dir)  # the official md5
+  dest = cifar10_input.batches_dir(sample.dir)
+  archive = os.path.join(sample.dir, 'cifar-10-binary.tar.gz')
+  assert str(e.value) == (
+      '%s/data_batch_1.bin holds 40 records; each file of the official archive holds 10000. '
+      'The archive beside it, %s, has md5 %s, not %s: to use this copy, pass --data_md5=%s; '
+      'for the expected archive instead, remove %s and %s.' % (
+          dest, archive, sample.md5, cifar10_input.DATA_MD5, sample.md5, archive, dest))
+
+
+def test_official_md5_on_files_without_their_archive_requires_10000_records_per_file(
+    sample, tmp_path):
+  shutil.copytree(cifar10_input.batches_dir(sample.dir), cifar10_input.batches_dir(tmp_path))
   with pytest.raises(cifar10_input.DataError,  # files cut on a record boundary
                      match=r'data_batch_1.bin holds 40 records; each file of the official '
                            r'archive holds 10000.*pass its md5 as --data_md5'):
-    cifar10_input.maybe_download_and_extract(sample.dir)  # the official md5
+    cifar10_input.maybe_download_and_extract(str(tmp_path))
 
 
 def test_own_copy_record_counts_are_printed(sample, capsys):
