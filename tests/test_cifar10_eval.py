@@ -133,12 +133,16 @@ def test_train_checkpoint_holds_moving_averages_that_differ_from_weights(trained
   assert weights.shape == shadow.shape and abs(weights - shadow).max() > 1e-4
 
 
-def test_eval_run_once_without_checkpoint_exits_with_message(sample, tmp_path):
+def test_eval_run_once_without_checkpoint_exits_with_message_naming_the_data_flags(sample,
+                                                                                   tmp_path):
   done = helpers.run(['cifar10_eval.py', '--run_once', *sample.flags,
                       '--checkpoint_dir=%s' % (tmp_path / 'none'),
                       '--eval_dir=%s' % (tmp_path / 'eval')])
-  assert done.code == 1 and 'no checkpoint in %s yet' % (tmp_path / 'none') in done.err, (
-      done.log())
+  # The training command it suggests reads the same data: offline, as printed.
+  assert done.code == 1 and done.err.splitlines()[-1] == (
+      'error: no checkpoint in %s yet. Train first (python multi_gpu_train.py --train_dir=%s '
+      '%s), or point --checkpoint_dir at the trainer\'s --train_dir.' % (
+          tmp_path / 'none', tmp_path / 'none', ' '.join(sample.flags))), done.log()
 
 
 def test_eval_without_run_once_waits_for_a_checkpoint_saying_so_ctrl_c_stops_it(sample,

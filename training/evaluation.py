@@ -9,6 +9,7 @@ directory is only read: never written, locked or deleted.
 import collections
 import datetime
 import os
+import shlex
 import sys
 import time
 
@@ -164,6 +165,20 @@ def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-n
       writer.close()
 
 
+def _data_flags(FLAGS):  # noqa: N803
+  """' --data_dir=... --data_md5=...': the data flags of this command line (of Options:
+  those set), for the no-checkpoint hint's training command, which then reads the same
+  data, offline too."""
+  given = []
+  for name in ('data_dir', 'data_url', 'data_md5'):
+    value = getattr(FLAGS, name, None)
+    if isinstance(FLAGS, flags.FlagValues) and not (name in FLAGS and FLAGS[name].present):
+      continue
+    if value:
+      given.append(' --%s=%s' % (name, shlex.quote(value)))
+  return ''.join(given)
+
+
 def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa: N803
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
@@ -172,9 +187,10 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa
   while True:
     path = latest_checkpoint(FLAGS.checkpoint_dir)
     if path is None and FLAGS.run_once:
-      raise EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s), or point '
+      raise EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s%s), or point '
                       '--checkpoint_dir at the trainer\'s --train_dir.'
-                      % (FLAGS.checkpoint_dir, trainer_command, FLAGS.checkpoint_dir))
+                      % (FLAGS.checkpoint_dir, trainer_command, FLAGS.checkpoint_dir,
+                         _data_flags(FLAGS)))
     if path is None and not waited:
       print('No checkpoint in %s yet; checking every %d s.'
             % (FLAGS.checkpoint_dir, FLAGS.eval_interval_secs))
