@@ -121,3 +121,10 @@ def test_trainer_run_by_a_real_python_3_10_exits_with_one_line():
   done = helpers.run([_python_3_10(), os.path.join(helpers.ROOT, 'multi_gpu_train.py')])
   assert done.code == 1 and len(done.err.splitlines()) == 1, done.log()
   assert done.err.startswith('error: this project needs Python 3.11 or newer'), done.log()
+
+
+def test_readme_and_requirements_state_the_python_the_check_asks_for():
+  wanted = 'Python %d.%d or newer' % prelude.PYTHON
+  for name in ('README.md', 'requirements.txt'):
+    with open(os.path.join(helpers.ROOT, name)) as f:
+      assert wanted in ' '.join(f.read().split()), name
