@@ -337,6 +337,22 @@ class Stopped(Exception):
     self.exit_code = exit_code
 
 
+def refuse_arguments(argv):
+  """Stops the program in one line when its command line holds words that are not flags.
+
+  absl's app.run passes them to main() in argv[1:]; a main that ignored them would
+  run as if they were not there (`--run_once true`: a boolean flag takes no value).
+
+  Args:
+    argv: main()'s argv: the program, then what absl did not take as flags.
+  """
+  if len(argv) > 1:
+    sys.exit('error: unexpected argument%s %s: %s takes flags only (--name=value; a '
+             'boolean: --name or --noname)' % ('s' * (len(argv) > 2),
+                                               ' '.join(repr(a) for a in argv[1:]),
+                                               os.path.basename(argv[0])))
+
+
 @contextlib.contextmanager
 def one_line_errors():
   """Ends a program with one line and an exit code for every failure a user can cause.
