@@ -60,6 +60,7 @@ import tensorflow as tf
 from distributed import cluster_env
 from training import evaluation
 from distributed import local_cluster
+from training import memory_check
 from training import mixed_precision
 import multi_gpu_train  # the towers, the average, the schedule and the flags both share
 from training import placement
@@ -512,8 +513,7 @@ def main(argv, slurm_cluster=None):
 
   slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
-  del argv  # absl has already refused unknown flags
-  local_cluster.die_with_launcher()
+  training_run.refuse_arguments(argv)  # absl has already refused unknown flags
   check_flags()
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster())
@@ -672,6 +672,7 @@ def main_local_cluster():
                % name)
   try:
     num_ps, num_workers = local_cluster.parse_spec(FLAGS.local_cluster)
+    local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
   except ValueError as e:
     sys.exit('error: %s' % e)
   with training_run.one_line_errors():
