@@ -71,13 +71,14 @@ class ClusterError(Exception):
 # ---- Every cluster: one check, before anything is locked, written or served ------
 
 def check(cluster, jobs=None):
-  """Raises ClusterError unless the cluster can start; from_flags, from_tf_config and
-  from_slurm all end here, so dist_train.py refuses a cluster before it does anything.
+  """Raises ClusterError unless the cluster can start: the one check of every source.
 
-  Every job has a task; every task a host:port with a port 1..65535 (under Slurm:
-  --slurm_port_base + the task's index among its node's tasks); no two tasks one
-  host:port, across jobs too (every loopback name is one host: TensorFlow's servers
-  listen on every interface); and this task is one of its job's.
+  from_flags, from_tf_config and from_slurm all end here, so dist_train.py refuses
+  a cluster before it locks, records, writes or serves anything. Every job has a
+  task; every task a host:port with a port 1..65535 (under Slurm: --slurm_port_base
+  + the task's index among its node's tasks); no two tasks one host:port, across
+  jobs too (every loopback name is one host: TensorFlow's servers listen on every
+  interface); and this task is one of its job's.
 
   Args:
     cluster: a Cluster.

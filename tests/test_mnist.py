@@ -103,8 +103,8 @@ def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_s
   # evaluation's checks one by one: tests/test_cifar10_eval.py; here mnist_eval.py's own line.
   (tmp_path / 'file').write_text('not a directory\n')
   refused = [
-      (['--eval_interval_secs=%d' % 10 ** 13], r'^error: --eval_interval_secs must be '
-                                               r'1\.\.604800 \(1 s to a week\), got 10000000000000;'),
+      (['--eval_interval_secs=%d' % 10 ** 13],
+       r'^error: --eval_interval_secs must be 1\.\.604800 \(1 s to a week\), got 10000000000000;'),
       (['--eval_dir=%s' % (tmp_path / 'file')], r'^error: --eval_dir=\S+ is not a directory'),
       (['extra'], r"^error: unexpected argument 'extra': mnist_eval\.py takes flags only"),
   ]
