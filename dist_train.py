@@ -57,8 +57,8 @@ import tensorflow as tf
 
 from distributed import cluster_env, local_cluster, ps_shutdown, worker_sessions, worker_updates
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from training import (checkpoints, errors, evaluation, inputs, mixed_precision, placement,
-                      run_record, signals, startup, steps, summaries, updates)
+from training import (checkpoints, errors, evaluation, inputs, memory_check, mixed_precision,
+                      placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
 # ---- Training knobs, per worker: edit, save, rerun --------------------------------
@@ -534,8 +534,7 @@ def main(argv, slurm_cluster=None):
 
   slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
-  trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
-  local_cluster.die_with_launcher()
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   check_flags(FLAGS)
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster(FLAGS))
@@ -696,6 +695,7 @@ def main_local_cluster(flag_values):
                % name)
   try:
     num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
+    local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
   except ValueError as e:
     sys.exit('error: %s' % e)
   with errors.one_line_errors():

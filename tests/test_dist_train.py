@@ -76,6 +76,18 @@ def start_together(launcher, num_workers):
 # ---- Flags and hosts, in-process ------------------------------------------------
 
 
+def test_check_memory_more_tasks_than_memory_holds_raises_naming_estimate_and_limit():
+  with pytest.raises(ValueError) as raised:
+    local_cluster.check_memory(1, 1000, available_bytes=24e9)
+  assert str(raised.value) == (
+      '--local_cluster=1,1000 starts 1001 TensorFlow tasks, about 450.4 GB of memory (1001 x '
+      '450 MB, what one task was measured to use), and this machine has 24.0 GB available; '
+      'start at most 53 here, e.g. --local_cluster=1,52, or run the tasks on several machines '
+      'with --job_name, --ps_hosts and --worker_hosts')
+  local_cluster.check_memory(1, 52, available_bytes=24e9)  # 53 x 450 MB fit
+  local_cluster.check_memory(1, 1000, available_bytes=None)  # not Linux: nothing known
+
+
 def test_free_ports_distinct_and_bindable():
   ports = local_cluster.free_ports(3)
   assert len(set(ports)) == 3
@@ -461,6 +473,52 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
             in worker.text), worker.log()
     assert matches(DONE_LINE, worker.lines)[0].group(3) == str(max_steps)
   assert helpers.global_step(tmp_path) == max_steps
+
+
+@pytest.mark.slow
+def test_local_cluster_more_tasks_than_memory_holds_exits_1_starting_none(tasks, tmp_path):
+  launcher = tasks(['dist_train.py', '--local_cluster=1,100000', '--synthetic',
+                    '--train_dir=%s' % (tmp_path / 'train')])
+  # Watched as it runs: a launcher that starts its tasks is stopped at the first.
+  helpers.wait_until(lambda: launcher.process.poll() is not None or
+                     helpers.tasks_of(launcher.pid), 'the launcher to exit')
+  started = helpers.tasks_of(launcher.pid)
+  if started:
+    launcher.kill()
+    for pid in helpers.tasks_of(launcher.pid):
+      os.kill(pid, signal.SIGKILL)
+  assert not started, launcher.log()
+  assert launcher.finish() == 1, launcher.log()
+  assert [line for line in launcher.err_lines if line.startswith('error')] == [
+      line for line in launcher.err_lines if line.strip()][-1:], launcher.log()
+  assert re.match(r'^error: --local_cluster=1,100000 starts 100001 TensorFlow tasks, about '
+                  r'45000\.4 GB of memory \(100001 x 450 MB, what one task was measured to '
+                  r'use\), and this machine has [\d.]+ GB available; start at most \d+ here',
+                  launcher.err_lines[-1]), launcher.log()
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_local_cluster_launcher_killed_while_tasks_start_leaves_no_task(tasks, tmp_path):
+  # Each task sleeps before it runs a line of dist_train.py, as one still importing
+  # TensorFlow when its launcher is killed: Python runs sitecustomize at start-up.
+  site = tmp_path / 'site'
+  site.mkdir()
+  (site / 'sitecustomize.py').write_text(
+      'import os, time\nif os.environ.get(%r):  # a task, not the launcher\n  time.sleep(600)\n'
+      % local_cluster.DIE_WITH_LAUNCHER_ENV)
+  python_path = os.pathsep.join(filter(None, [str(site), os.environ.get('PYTHONPATH')]))
+  launcher = local_cluster_task(tasks, 1, 2, tmp_path / 'train', '--synthetic',
+                                env=helpers.user_env(PYTHONPATH=python_path))
+  helpers.wait_until(lambda: len(helpers.tasks_of(launcher.pid)) == 3, 'the 3 tasks',
+                     task=launcher)
+  launcher.send(signal.SIGKILL)
+  try:
+    helpers.wait_until(lambda: not helpers.tasks_of(launcher.pid), 'the exit of every task',
+                       timeout=10)
+  finally:
+    for pid in helpers.tasks_of(launcher.pid):
+      os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

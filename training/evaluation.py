@@ -19,6 +19,9 @@ from training import input_lib
 from training import onednn
 from training import checkpoints, errors
 
+MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
+                                        # Python's sleep overflows)
+
 
 class EvalError(Exception):
   """Evaluation cannot go on; the message says why and what to do."""
@@ -141,12 +144,7 @@ def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-n
     last_step: int or None: return once a checkpoint at this global step or later
       has been scored (dist_train.py's evaluator: the training's --max_steps).
   """
-  if FLAGS.batch_size < 1:
-    sys.exit('error: --batch_size must be at least 1, got %d' % FLAGS.batch_size)
-  if os.path.realpath(FLAGS.eval_dir) == os.path.realpath(FLAGS.checkpoint_dir):
-    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
-             'program a directory of its own so it never writes among the trainer\'s '
-             'files.' % FLAGS.eval_dir)
+  check_flags(FLAGS)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   print(onednn.start_line())
@@ -162,6 +160,50 @@ def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-n
   finally:
     if writer:
       writer.close()
+
+
+def check_flags(FLAGS):  # pylint: disable=invalid-name
+  """Stops the program, in one line naming the flag, for a value it cannot run with.
+
+  main() calls it first, before anything is read, written or waited for: a bad
+  --eval_dir would otherwise fail only after the first score was printed.
+
+  Args:
+    FLAGS: the parsed flags of define_flags(), or an Options.
+  """
+  if FLAGS.batch_size < 1:
+    sys.exit('error: --batch_size must be at least 1, got %d; give the images per batch '
+             '(the last batch holds the rest)' % FLAGS.batch_size)
+  if not 1 <= FLAGS.eval_interval_secs <= MAX_EVAL_INTERVAL_SECS:
+    sys.exit('error: --eval_interval_secs must be 1..%d (1 s to a week), got %d; give the '
+             'seconds between looks for a new checkpoint' % (MAX_EVAL_INTERVAL_SECS,
+                                                              FLAGS.eval_interval_secs))
+  if os.path.exists(FLAGS.checkpoint_dir) and not os.path.isdir(FLAGS.checkpoint_dir):
+    sys.exit('error: --checkpoint_dir=%s is a file, not a directory; point it at the '
+             'trainer\'s --train_dir' % FLAGS.checkpoint_dir)
+  if os.path.realpath(FLAGS.eval_dir) == os.path.realpath(FLAGS.checkpoint_dir):
+    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
+             'program a directory of its own so it never writes among the trainer\'s '
+             'files.' % FLAGS.eval_dir)
+  why = _why_not_writable(FLAGS.eval_dir)
+  if why:
+    sys.exit('error: --eval_dir=%s %s; give a directory this user can write to (it is '
+             'created if missing)' % (FLAGS.eval_dir, why))
+
+
+def _why_not_writable(directory):
+  """Why this user can neither write to directory nor create it; None if it can."""
+  path = os.path.abspath(directory)
+  existing = path
+  while not os.path.lexists(existing):  # the nearest part of the path that exists
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return ('is not a directory' if existing == path else
+            'cannot be created: %s is not a directory' % existing)
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return ('is not writable by this user' if existing == path else
+            'cannot be created: %s is not writable by this user' % existing)
+  return None
 
 
 def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa: N803

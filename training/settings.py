@@ -123,14 +123,6 @@ def settings_from_flags(flag_values):
                                       for name in Settings._fields if name != 'session'})
 
 
-def refuse_arguments(argv):
-  """Stops the run on a stray word after the program's name (`--fresh false` is
-  --fresh and the word false, not --fresh=false)."""
-  if len(argv) > 1:
-    sys.exit('error: %s takes flags only, got the argument %r; a boolean flag takes '
-             '--flag=false, not --flag false' % (argv[0], argv[1]))
-
-
 def check_trainer_flags(flag_values, also_positive=()):
   """Stops the run, naming the flag, when a trainer flag is out of range.
 
