@@ -321,6 +321,15 @@ def _tf_config_cluster(jobs, task_type, task_id):
 
 # ---- Slurm ----------------------------------------------------------------------
 
+def _slurm_gpu_note(gpus, visible, environ):
+  """What from_slurm's description says of this task's GPUs."""
+  if gpus.get('auto_set_gpu', True):
+    return 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
+  if 'CUDA_VISIBLE_DEVICES' in environ:
+    return 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
+  return 'no GPUs (no nvidia-smi)'
+
+
 def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   """The cluster of this Slurm job step: num_ps ps tasks, then the workers.
 
@@ -349,13 +358,9 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
     environ: the environment to read (a mapping); os.environ by default. The
       CUDA_VISIBLE_DEVICES the resolver sets is written to it.
 
-  Returns:
-    A Cluster with source 'Slurm'.
-
-  Raises:
-    ClusterError: a variable is missing or malformed, the step has fewer than
-      num_ps + 1 tasks, a node has fewer GPUs than tasks, or port_base + a
-      task's index on its node passes 65535 (check()).
+  Returns a Cluster with source 'Slurm'. Raises ClusterError: a variable is missing
+  or malformed, the step has fewer than num_ps + 1 tasks, a node has fewer GPUs
+  than tasks, or port_base + a task's index on its node passes 65535 (check()).
   """
   num_tasks, rank, nodes, tasks_per_node = _slurm_step(environ, num_ps)
   nodelist = environ['SLURM_STEP_NODELIST']
@@ -375,18 +380,12 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   if environ is not os.environ and visible is not None:
     environ['CUDA_VISIBLE_DEVICES'] = visible
   num_workers = num_tasks - num_ps
-  if gpus.get('auto_set_gpu', True):
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
-  elif 'CUDA_VISIBLE_DEVICES' in environ:
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
-  else:
-    gpu_note = 'no GPUs (no nvidia-smi)'
   description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
                  'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
                      num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
                      's' * (len(nodes) != 1), nodelist, job_name, task_index,
                      ', the chief' * (job_name == 'worker' and task_index == 0), rank,
-                     gpu_note))
+                     _slurm_gpu_note(gpus, visible, environ)))
   cluster = Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
                     'Slurm', description)
   check(cluster)

@@ -137,6 +137,17 @@ def task_command(job_name, task_index, ps_hosts, worker_hosts, extra_flags=()):
           '--worker_hosts=%s' % ','.join(worker_hosts)] + list(extra_flags)
 
 
+def _say_failed(relay, name, code):
+  """The lines of a task that failed: TensorFlow's held back, then which, then its error."""
+  relay.show_held()
+  print('local cluster: %s exited with %d; stopping the other tasks' % (name, code),
+        flush=True)
+  # Last, so that a log cut to its end still says why (the held lines come before).
+  error = relay.last_error(name)
+  if error:
+    print('local cluster: %s said: %s' % (name, error), flush=True)
+
+
 def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   """Runs num_ps ps tasks and num_workers workers on 127.0.0.1, printing their logs.
 
@@ -174,13 +185,7 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
       ended = {name: p.returncode for name, p in tasks.items() if p.poll() is not None}
       failed = [name for name, code in ended.items() if code != 0]
       if failed:
-        relay.show_held()
-        print('local cluster: %s exited with %d; stopping the other tasks'
-              % (failed[0], ended[failed[0]]), flush=True)
-        # Last, so that a log cut to its end still says why (the held lines come before).
-        error = relay.last_error(failed[0])
-        if error:
-          print('local cluster: %s said: %s' % (failed[0], error), flush=True)
+        _say_failed(relay, failed[0], ended[failed[0]])
         return 1
       if len(ended) == len(tasks):
         print('local cluster: all %d workers finished, then the %d ps task(s) by themselves'
