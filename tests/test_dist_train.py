@@ -718,6 +718,27 @@ def test_chief_failed_checkpoint_write_exits_1_saying_so(tasks, tmp_path):
               n.startswith('model.ckpt')]
 
 
+@pytest.mark.slow
+def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=4, save_every_n_steps=2)
+  before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+            if n.startswith('model.ckpt-4')}
+  # Resumed under a file-size limit of 1 MB: no checkpoint (4 MB) can be written.
+  launcher = tasks(['prlimit', '--fsize=1000000', *helpers.Task.python_argv('dist_train.py'),
+                    '--local_cluster=1,1', '--train_dir=%s' % tmp_path, '--synthetic',
+                    '--summary_steps=0', '--max_steps=8', '--save_every_n_steps=2']
+                   + QUICK_FLAGS)
+  assert launcher.finish() == 1, launcher.log()
+  assert re.search(r'\[worker0\] error: cannot write checkpoint \S+model\.ckpt-6: File too '
+                   r'large.*the previous checkpoint, step 4, and the state file are untouched',
+                   launcher.text), launcher.log()
+  # It did not write the step it resumed from again, and what it says is so.
+  assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+          if n.startswith('model.ckpt-4')} == before
+  assert helpers.global_step(tmp_path) == 4
+  assert not [n for n in os.listdir(tmp_path) if n.startswith('model.ckpt-6')]
+
+
 # ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----
 # MNIST's pixels are 0..255: at the initial scale of 32768 the first gradients
 # overflow float16, so every fresh fp16 run starts with a few skips.
