@@ -89,6 +89,7 @@ QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad f
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
+FINISHED_REPORT_SECS = 5     # a chief restarted after the end tells the ps tasks, if up
 
 
 FLAGS = flags.FLAGS
@@ -553,6 +554,8 @@ def main(argv, slurm_cluster=None):
   spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                          'worker': cluster.worker_hosts})
   with errors.one_line_errors():
+    if job_is_over(cluster, spec, settings):
+      return
     if cluster.job_name == 'ps':
       run_ps(spec, cluster.task_index, stop)
       return
@@ -560,6 +563,35 @@ def main(argv, slurm_cluster=None):
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
     train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
+
+
+def job_is_over(cluster, spec, settings):
+  """A task started after the job reached --max_steps: says so and returns True (exit 0:
+  an orchestrator's retry of a finished job ends there). False otherwise.
+
+  The job is over when --train_dir, as this task sees it, holds a checkpoint at
+  --max_steps. A chief restarted there tells the ps tasks it has finished (should
+  they still wait for it), for at most FINISHED_REPORT_SECS.
+  """
+  try:
+    state = tf.train.get_checkpoint_state(settings.train_dir)
+  except (tf.errors.OpError, ValueError):
+    return False  # unreadable here: the task runs, and the chief's checks say why
+  step = state and checkpoints.checkpoint_step(state.model_checkpoint_path)
+  if step is None or step < settings.max_steps:
+    return False
+  who = '%s %d' % (cluster.job_name, cluster.task_index)
+  print('%s: %s is at step %d, not below --max_steps=%d: the job is over, nothing to do. '
+        'Raise --max_steps to train further.' % (who, state.model_checkpoint_path, step,
+                                                 settings.max_steps), flush=True)
+  if cluster.job_name == 'worker' and cluster.task_index == 0:
+    try:
+      server = tf.compat.v1.train.Server(spec, job_name='worker', task_index=0)
+    except tf.errors.OpError:
+      return True  # its port is taken: nothing to tell
+    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), 0,
+                                timeout_secs=FINISHED_REPORT_SECS)
+  return True
 
 
 def check_flags(flag_values):

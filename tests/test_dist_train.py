@@ -739,6 +739,24 @@ def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(ta
   assert not [n for n in os.listdir(tmp_path) if n.startswith('model.ckpt-6')]
 
 
+@pytest.mark.slow
+def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=2, save_every_n_steps=2)
+  before = sorted(os.listdir(tmp_path))
+  ps_hosts, worker_hosts = (lambda h: (h[:1], h[1:]))(
+      ['127.0.0.1:%d' % p for p in local_cluster.free_ports(3)])
+  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path, '--max_steps=2']
+  # Each alone, as an orchestrator retrying a finished job starts them: none waits
+  # for the others (a ps would serve forever, a worker wait for the ps tasks).
+  for job_name, task_index in (('ps', 0), ('worker', 0), ('worker', 1)):
+    task = tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
+                                            flags))
+    assert task.finish(timeout=60) == 0, task.log()
+    assert ('%s %d: %s/model.ckpt-2 is at step 2, not below --max_steps=2: the job is '
+            'over, nothing to do.' % (job_name, task_index, tmp_path)) in task.text, task.log()
+  assert sorted(os.listdir(tmp_path)) == before  # no record, no checkpoint, no lock
+
+
 # ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----
 # MNIST's pixels are 0..255: at the initial scale of 32768 the first gradients
 # overflow float16, so every fresh fp16 run starts with a few skips.
