@@ -540,6 +540,10 @@ def main(argv, slurm_cluster=None):
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster(FLAGS))
   cluster = cluster_from_flags(FLAGS, slurm_cluster)
+  if (FLAGS.replicas_to_aggregate or 0) > len(cluster.worker_hosts):
+    sys.exit('error: --replicas_to_aggregate=%d is more than the %d workers: no update could '
+             'ever gather that many gradients' % (FLAGS.replicas_to_aggregate,
+                                                  len(cluster.worker_hosts)))
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
   # the chief saves, a ps task stops waiting for the workers.
   stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
@@ -610,6 +614,10 @@ def check_flags(flag_values):
   if not 0 < flag_values.slurm_port_base < 65536:
     sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
              % flag_values.slurm_port_base)
+  for name in ('startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'):
+    if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:
+      sys.exit('error: --%s must be at most %d (a week), got %d'
+               % (name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
   if flag_values.replicas_to_aggregate is not None:
     if not flag_values.sync_replicas:
       sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
@@ -728,6 +736,10 @@ def main_local_cluster(flag_values):
   try:
     num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
     local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
+    if (flag_values.replicas_to_aggregate or 0) > num_workers:
+      raise ValueError('--replicas_to_aggregate=%d is more than the %d workers: no update '
+                       'could ever gather that many gradients'
+                       % (flag_values.replicas_to_aggregate, num_workers))
   except ValueError as e:
     sys.exit('error: %s' % e)
   with errors.one_line_errors():

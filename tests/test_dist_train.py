@@ -117,6 +117,19 @@ def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize('flags, message', [
+    (['--local_cluster=1,2', '--sync_replicas', '--replicas_to_aggregate=3'],
+     'error: --replicas_to_aggregate=3 is more than the 2 workers: no update could ever '
+     'gather that many gradients'),
+    (['--local_cluster=1,1', '--step_timeout_secs=%d' % 10 ** 13],
+     'error: --step_timeout_secs must be at most 604800 (a week), got %d' % 10 ** 13),
+], ids=['replicas', 'seconds'])
+def test_main_value_out_of_range_exits_naming_it_before_any_task(tmp_path, flags, message):
+  done = helpers.run(['dist_train.py', '--train_dir=%s' % tmp_path, '--synthetic', *flags])
+  assert done.code == 1 and done.err.splitlines()[-1] == message, done.log()
+  assert 'local cluster:' not in done.out and os.listdir(tmp_path) == []
+
+
 @pytest.mark.xdist_group('helpshort')
 def test_helpshort_lists_multi_gpu_train_flags_it_accepts_not_the_refused(helpshort):
   listed = helpers.listed_flags(helpshort('dist_train.py').out)
