@@ -481,7 +481,7 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
 
 
 def main(argv):
-  trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   stop = signals.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
   sys.stdout.reconfigure(line_buffering=True)  # each line at once, into `| tee` too
   trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)

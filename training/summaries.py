@@ -1,5 +1,6 @@
-"""Event files for TensorBoard: the writer (a failed write said once), the summaries
-built and written (examples/sec timed on the steps without them), text summaries."""
+"""TensorBoard: the summaries both trainers build, and the event files they write them to
+(a failed write said once, training goes on); examples/sec timed on the steps without
+summaries."""
 import json
 import os
 import socket
@@ -10,6 +11,11 @@ import numpy as np
 import tensorflow as tf
 
 from training.errors import os_error
+
+# TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
+# name: these two come before the layers' conv1/, local3/, ...
+LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
+TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
 
 
 def text_summary(tag, record):
@@ -104,13 +110,6 @@ class SummaryWriter:
                        'file-size limit (ulimit -f) to keep them.\n'
                        % (self.path, os_error(e, self.path), step))
       sys.stderr.flush()
-
-
-# TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
-# name: these two come before the layers' conv1/, local3/, ...
-LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
-
-TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
 
 
 def build_summaries(watched, tower_losses, grads, lr, model, loss_scale=None):
