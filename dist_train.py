@@ -227,6 +227,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
   steps.stopped(stop, step)
+  if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
+    raise errors.PeerGone(ended_early_message(run, graph, step, settings.max_steps))
   # The session is closed, the chief's last checkpoint written: the ps tasks may end.
   if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
                                      run.config):
@@ -456,7 +458,7 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
     start_time = time.time()
     results = run_step(sess, run, graph, step_timeout_secs)
     if results is None:
-      break  # async: the other workers have claimed the last updates
+      break  # async: the other workers have claimed the last updates (see run_step)
     duration = time.time() - start_time
     loss_value, step_after, skip_check = results
     local_step += 1
@@ -480,14 +482,17 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
-  if graph.release_workers is not None:
+  # Only at the end: after a stop the workers wait for their tokens until a chief
+  # restarted with the same command has them run on (up to --step_timeout_secs).
+  if graph.release_workers is not None and step >= max_steps:
     sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
   return step, local_step
 
 
 def run_step(sess, run, graph, step_timeout_secs):
   """One worker step under the watchdog and the step timeout: (loss, step_after,
-  skip_check), or None once the other workers have claimed the last updates."""
+  skip_check), or None on OutOfRangeError: async, the other workers have claimed
+  the last updates; sync, the token queue on the ps was closed (train() says so)."""
   slack = worker_sessions.WATCHDOG_SLACK_SECS
   run.arm_watchdog(step_timeout_secs + slack,
                    stuck_step_message(run, graph, step_timeout_secs + slack))
@@ -500,6 +505,18 @@ def run_step(sess, run, graph, step_timeout_secs):
   except tf.errors.DeadlineExceededError as e:
     raise errors.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
   return loss_value, step_after, skip_check
+
+
+def ended_early_message(run, graph, step, max_steps):
+  """Why a worker's loop ended below max_steps though no signal stopped it."""
+  why = ('the token queue on the ps tasks was closed, so no averaged update can come '
+         '(restart the ps tasks too: a restarted ps opens a new one)'
+         if graph.replicas_to_aggregate else
+         'the global step went back: the chief (worker 0 at %s) restored its last '
+         'checkpoint' % run.chief_host)
+  return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
+          'stopped it: %s. Restart this task with the same command; it rejoins.'
+          % (run.who, step, max_steps, why))
 
 
 def untouched(run, graph):

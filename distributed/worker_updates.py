@@ -48,7 +48,13 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   the ps.
 
   The end: the chief's queue runner waits in take_grad for gradients; closing
-  the session cancels that wait, which is the normal end, not an error.
+  the session cancels that wait, which is the normal end, not an error. It
+  never closes the token queue, as TensorFlow's queue runner does when its
+  session closes: the queue lives on the ps, shared by name, beyond this chief.
+  Closed, it stays closed until the ps restarts: the workers waiting on it
+  would take the close for the end of training (OutOfRangeError), and a chief
+  restarted after a stop, the ps still up, could hand out no token again
+  (CancelledError: FIFOQueue 'sync_token_q' is closed).
 
   fp16 (loss_scale given): the queue runner applies the aggregated gradient
   through SkipOverflow, which also steps the moving averages, only when it is
@@ -76,8 +82,9 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
 
   def get_chief_queue_runner(self):
     runner = super().get_chief_queue_runner()
+    leave_open = tf.no_op(name='sync_token_q_left_open')  # instead of closing it
     return tf.compat.v1.train.QueueRunner(
-        runner.queue, runner.enqueue_ops,
+        runner.queue, runner.enqueue_ops, close_op=leave_open, cancel_op=leave_open,
         queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
 
 

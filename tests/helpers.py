@@ -504,6 +504,13 @@ def signal_pending(pid, signum):
   return bool(mask >> (signum - 1) & 1)
 
 
+def signal_caught(pid, signum):
+  """True once the process has a handler of its own for signum (not the default action)."""
+  with open('/proc/%d/status' % pid) as f:
+    mask = next(int(line.split()[1], 16) for line in f if line.startswith('SigCgt:'))
+  return bool(mask >> (signum - 1) & 1)
+
+
 def wait_until(condition, what, task=None, timeout=WAIT_SECS):
   """Polls condition() until it is true; fails at once, with the log, if the task exits."""
   deadline = time.time() + timeout

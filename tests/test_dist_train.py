@@ -502,6 +502,126 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
   assert helpers.global_step(tmp_path) == max_steps
 
 
+# ---- Preemption: a task stopped by a signal, restarted with the same command -------
+# docs/distributed.md's table "Preemption: signal, exit code, restart"; these are its
+# cells that failed before (sync: the chief's queue runner closed the token queue on
+# the ps as it stopped), and the async chief beside them.
+
+PREEMPT_STEPS = 60
+
+
+def preempt_cluster(start, train_dir, *flags):
+  """(start(job_name, task_index) -> Task, the ps host) of one cluster, 1 ps + 2 workers.
+
+  Their waits are far above the test's: a worker waits for a stopped chief to come
+  back (sync: for its token) up to --step_timeout_secs.
+  """
+  ps_port, *worker_ports = local_cluster.free_ports(3)
+  ps_hosts, worker_hosts = ['127.0.0.1:%d' % ps_port], ['127.0.0.1:%d' % p for p in worker_ports]
+  task_flags = QUICK_FLAGS + STEADY_FLAGS + [
+      '--train_dir=%s' % train_dir, '--summary_steps=0', '--max_steps=%d' % PREEMPT_STEPS,
+      '--save_every_n_steps=10', '--startup_timeout_secs=600', '--step_timeout_secs=600',
+      *flags]
+  return (lambda job_name, task_index: start(local_cluster.task_command(
+      job_name, task_index, ps_hosts, worker_hosts, task_flags))), ps_hosts[0]
+
+
+def chief_stopped_at_its_first_step(start, signum):
+  """Starts the chief, signals it, then starts the ps: the chief stops before any step.
+
+  Held without a sleep: the signal goes once the chief's own handlers are in place,
+  and it cannot train before the ps task answers, which it starts only then. It
+  opens its session (its variables initialised, checkpoint 0 saved, the sync
+  chief's token queue filled), takes no step, and exits. Returns (chief, ps).
+  """
+  chief = start('worker', 0)
+  helpers.wait_until(lambda: helpers.signal_caught(chief.pid, signal.SIGTERM),
+                     'the chief\'s stop handlers', task=chief)
+  chief.send(signum)
+  return chief, start('ps', 0)
+
+
+def assert_done_at_max_steps(task):
+  [done] = matches(DONE_LINE, task.lines)
+  assert int(done.group(3)) == PREEMPT_STEPS, task.log()
+  assert 'Traceback' not in task.text, task.log()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum, code, name', [(signal.SIGTERM, 143, 'SIGTERM'),
+                                                (signal.SIGINT, 130, 'Ctrl-C')],
+                         ids=['SIGTERM', 'Ctrl-C'])
+def test_sync_chief_stopped_by_signal_restarted_with_ps_up_all_reach_max_steps(
+    tasks, tmp_path, signum, code, name):
+  start, _ = preempt_cluster(tasks, tmp_path, '--sync_replicas')
+  chief, ps = chief_stopped_at_its_first_step(start, signum)
+  assert chief.finish() == code, chief.log()
+  assert matches(helpers.STOPPED_LINE, chief.lines)[0].groups() == (name, '0'), chief.log()
+  # Worker 1 trains with what the chief left on the ps: its first tokens, then none.
+  worker = start('worker', 1)
+  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
+  chief = start('worker', 0)  # the same command, the ps still up
+  assert chief.finish() == 0, chief.log()
+  assert matches(RESUMING_LINE, chief.lines)[0].groups() == ('0', '0'), chief.log()
+  assert worker.finish() == 0, worker.log()  # once, at the end: it waited for the chief
+  assert ps.finish() == 0, ps.log()
+  for task in (chief, worker):
+    assert_done_at_max_steps(task)
+  assert helpers.global_step(tmp_path) == PREEMPT_STEPS
+
+
+def close_token_queue(ps_host):
+  """Closes the sync token queue on the ps task, as TensorFlow's queue runner does as a
+  chief's session closes: SyncReplicasOptimizer's queue, found by its shared name."""
+  with tf.Graph().as_default() as graph:
+    with tf.device('/job:ps/task:0'):
+      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
+                                 shared_name='sync_token_q')
+      close = queue.close(cancel_pending_enqueues=True)
+  # Only the ps task: a session that also saw the workers would wait for the chief.
+  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
+  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
+    sess.run(close, options=tf.compat.v1.RunOptions(timeout_in_ms=60 * 1000))
+
+
+@pytest.mark.slow
+def test_sync_worker_whose_token_queue_closes_exits_138_without_reporting_finished(
+    tasks, tmp_path):
+  start, ps_host = preempt_cluster(tasks, tmp_path, '--sync_replicas')
+  chief, ps = chief_stopped_at_its_first_step(start, signal.SIGTERM)
+  assert chief.finish() == 143, chief.log()
+  worker = start('worker', 1)
+  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
+  close_token_queue(ps_host)
+  assert worker.finish() == 138, worker.log()  # "restart me", not 0: training is not over
+  assert [line for line in worker.err_lines if line.startswith('error')] == [
+      'error: worker 1: training ended at global step 0, below --max_steps=%d, and no '
+      'signal stopped it: the token queue on the ps tasks was closed, so no averaged '
+      'update can come (restart the ps tasks too: a restarted ps opens a new one). '
+      'Restart this task with the same command; it rejoins.' % PREEMPT_STEPS], worker.log()
+  assert not matches(DONE_LINE, worker.lines), worker.log()
+  assert 'worker 1 has finished' not in ps.text, ps.log()
+
+
+@pytest.mark.slow
+def test_async_chief_stopped_worker_finishes_restarted_chief_resumes_all_exit_0(tasks,
+                                                                                 tmp_path):
+  start, _ = preempt_cluster(tasks, tmp_path)
+  chief, ps = chief_stopped_at_its_first_step(start, signal.SIGTERM)
+  assert chief.finish() == 143, chief.log()
+  # Async, worker 1 needs no chief: it applies every update, to --max_steps.
+  worker = start('worker', 1)
+  assert worker.finish() == 0, worker.log()
+  assert_done_at_max_steps(worker)
+  # The restarted chief puts its last checkpoint back on the ps and trains the rest.
+  chief = start('worker', 0)
+  assert chief.finish() == 0, chief.log()
+  assert matches(RESUMING_LINE, chief.lines)[0].groups() == ('0', '0'), chief.log()
+  assert_done_at_max_steps(chief)
+  assert ps.finish() == 0, ps.log()
+  assert helpers.global_step(tmp_path) == PREEMPT_STEPS
+
+
 @pytest.mark.slow
 def test_local_cluster_more_tasks_than_memory_holds_exits_1_starting_none(tasks, tmp_path):
   launcher = tasks(['dist_train.py', '--local_cluster=1,100000', '--synthetic',
