@@ -64,8 +64,8 @@ def check_precision(settings):
   if settings.use_bf16:
     units = mixed_precision.bfloat16_units_here(settings.num_gpus)
     if not units.ok:
-      raise TrainingError('--use_bf16 needs bfloat16 units, and %s. Drop --use_bf16 to '
-                          'train in float32.' % units.what)
+      raise TrainingError('--use_bf16: %s. Drop --use_bf16 to train in float32.'
+                          % units.what)
 
 
 def step_fetches(graph, async_towers):
