@@ -56,8 +56,7 @@ LOSS_SCALE_PERIOD = 2000          # clean steps in a row after which the scale d
 MIN_LOSS_SCALE = 1.0              # halving on overflow stops here
 LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the loss scale's variables
 
-# ---- Where bfloat16 is fast: the units bfloat16_units looks for ---------------------
-BFLOAT16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')  # /proc/cpuinfo: bfloat16 dot products
+# ---- Where bfloat16 is fast: GPUs bfloat16_units accepts (CPUs: onednn.BFLOAT16_FLAGS)
 BFLOAT16_GPU_CAPABILITY = (8, 0)  # compute capability with bfloat16 tensor cores (A100 on)
 
 
@@ -345,11 +344,11 @@ def bfloat16_units(on_gpus, gpu_capabilities, cpu_flags, onednn_on):
                                  (i,) + tuple(capability) + BFLOAT16_GPU_CAPABILITY))
     return BFloat16Units(True, 'GPUs of compute capability %s' % ', '.join(
         sorted({'%d.%d' % tuple(capability) for capability in gpu_capabilities})))
-  found = [flag.upper() for flag in BFLOAT16_CPU_FLAGS if flag in cpu_flags]
+  found = [flag.upper() for flag in onednn.BFLOAT16_FLAGS if flag in cpu_flags]
   if not found:
     return BFloat16Units(False, 'this CPU has no bfloat16 units (no %s in /proc/cpuinfo), '
                          'and emulated bfloat16 runs slower than float32'
-                         % ' or '.join(BFLOAT16_CPU_FLAGS))
+                         % ' or '.join(onednn.BFLOAT16_FLAGS))
   if not onednn_on:
     return BFloat16Units(False, 'oneDNN is off, and only oneDNN runs bfloat16 on this '
                          'CPU\'s %s (without it, 10x slower than float32 here); turn it on '
