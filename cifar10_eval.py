@@ -28,6 +28,7 @@ import cifar10
 import cifar10_input
 from training import evaluation
 from training import placement
+from training import errors
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 300              # seconds between evaluations beside a training job
@@ -43,7 +44,7 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 
 
 def main(argv):
-  del argv  # absl has already refused unknown flags
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   evaluation.main(FLAGS, cifar10, cifar10_input, 'python multi_gpu_train.py')
 
 

@@ -57,8 +57,8 @@ import tensorflow as tf
 
 from distributed import cluster_env, local_cluster, ps_shutdown, worker_sessions, worker_updates
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from training import (checkpoints, errors, evaluation, inputs, mixed_precision, placement,
-                      run_record, signals, startup, steps, summaries, updates)
+from training import (checkpoints, errors, evaluation, inputs, memory_check, mixed_precision,
+                      placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
 # ---- Training knobs, per worker: edit, save, rerun --------------------------------
@@ -89,6 +89,7 @@ QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad f
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
+FINISHED_REPORT_SECS = 5     # a chief restarted after the end tells the ps tasks, if up
 
 
 FLAGS = flags.FLAGS
@@ -539,12 +540,15 @@ def main(argv, slurm_cluster=None):
 
   slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
-  trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
-  local_cluster.die_with_launcher()
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   check_flags(FLAGS)
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster(FLAGS))
   cluster = cluster_from_flags(FLAGS, slurm_cluster)
+  if (FLAGS.replicas_to_aggregate or 0) > len(cluster.worker_hosts):
+    sys.exit('error: --replicas_to_aggregate=%d is more than the %d workers: no update could '
+             'ever gather that many gradients' % (FLAGS.replicas_to_aggregate,
+                                                  len(cluster.worker_hosts)))
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
   # the chief saves, a ps task stops waiting for the workers.
   stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
@@ -559,6 +563,8 @@ def main(argv, slurm_cluster=None):
   spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                          'worker': cluster.worker_hosts})
   with errors.one_line_errors():
+    if job_is_over(cluster, spec, settings):
+      return
     if cluster.job_name == 'ps':
       run_ps(spec, cluster.task_index, stop)
       return
@@ -566,6 +572,35 @@ def main(argv, slurm_cluster=None):
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
     train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
+
+
+def job_is_over(cluster, spec, settings):
+  """A task started after the job reached --max_steps: says so and returns True (exit 0:
+  an orchestrator's retry of a finished job ends there). False otherwise.
+
+  The job is over when --train_dir, as this task sees it, holds a checkpoint at
+  --max_steps. A chief restarted there tells the ps tasks it has finished (should
+  they still wait for it), for at most FINISHED_REPORT_SECS.
+  """
+  try:
+    state = tf.train.get_checkpoint_state(settings.train_dir)
+  except (tf.errors.OpError, ValueError):
+    return False  # unreadable here: the task runs, and the chief's checks say why
+  step = state and checkpoints.checkpoint_step(state.model_checkpoint_path)
+  if step is None or step < settings.max_steps:
+    return False
+  who = '%s %d' % (cluster.job_name, cluster.task_index)
+  print('%s: %s is at step %d, not below --max_steps=%d: the job is over, nothing to do. '
+        'Raise --max_steps to train further.' % (who, state.model_checkpoint_path, step,
+                                                 settings.max_steps), flush=True)
+  if cluster.job_name == 'worker' and cluster.task_index == 0:
+    try:
+      server = tf.compat.v1.train.Server(spec, job_name='worker', task_index=0)
+    except tf.errors.OpError:
+      return True  # its port is taken: nothing to tell
+    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), 0,
+                                timeout_secs=FINISHED_REPORT_SECS)
+  return True
 
 
 def check_flags(flag_values):
@@ -584,6 +619,10 @@ def check_flags(flag_values):
   if not 0 < flag_values.slurm_port_base < 65536:
     sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
              % flag_values.slurm_port_base)
+  for name in ('startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'):
+    if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:
+      sys.exit('error: --%s must be at most %d (a week), got %d'
+               % (name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
   if flag_values.replicas_to_aggregate is not None:
     if not flag_values.sync_replicas:
       sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
@@ -701,6 +740,11 @@ def main_local_cluster(flag_values):
                % name)
   try:
     num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
+    local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
+    if (flag_values.replicas_to_aggregate or 0) > num_workers:
+      raise ValueError('--replicas_to_aggregate=%d is more than the %d workers: no update '
+                       'could ever gather that many gradients'
+                       % (flag_values.replicas_to_aggregate, num_workers))
   except ValueError as e:
     sys.exit('error: %s' % e)
   with errors.one_line_errors():

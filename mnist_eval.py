@@ -28,6 +28,7 @@ from training import evaluation
 import mnist
 import mnist_input
 from training import placement
+from training import errors
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
 EVAL_INTERVAL_SECS = 10               # the book's: seconds between evaluations
@@ -44,7 +45,7 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 
 
 def main(argv):
-  del argv  # absl has already refused unknown flags
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   evaluation.main(FLAGS, mnist, mnist_input, 'python multi_gpu_train.py --dataset=mnist')
 
 

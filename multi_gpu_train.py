@@ -479,7 +479,7 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
 
 
 def main(argv):
-  trainer_settings.refuse_arguments(argv)  # absl has already refused unknown flags
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   stop = signals.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
   # Each line as it is printed, into a pipe too (`| tee run.log`), where Python's default
   # would hold the start-up lines back until the session opens.

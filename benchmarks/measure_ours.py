@@ -46,10 +46,8 @@ def build_trainer(config):
         config['data_dir'], config['towers'], batch_size, data.input, seed=config['seed'])
   else:
     with tf.device('/cpu:0'):
-      if config['input'] == 'synthetic':
-        dataset = data.input.synthetic_dataset(batch_size)
-      else:
-        dataset = data.input.train_dataset(config['data_dir'], batch_size)
+      dataset = inputs.train_dataset(data.input, config['data_dir'], batch_size,
+                                     config['input'] == 'synthetic')
       if config['extra_prefetch']:
         dataset = dataset.prefetch(config['extra_prefetch'])
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)

@@ -23,7 +23,9 @@ Slurm: one srun step starts every task; the first num_ps ranks (SLURM_PROCID) ar
 the ps tasks, the rest the workers, the first of them the chief. Each task
 listens on port_base + its index among the tasks of its node.
 
-Errors are ClusterError, one line naming the variable, what is wrong and what to do.
+Every Cluster made here passes check() before it is returned: every job has a
+task, every task its own host:port with a port 1..65535. Errors are ClusterError,
+one line naming the variable or flag, what is wrong and what to do.
 """
 import collections
 import contextlib
@@ -66,24 +68,99 @@ class ClusterError(Exception):
   """The environment does not describe a cluster dist_train.py can run; one line."""
 
 
-# ---- Kubernetes: TF_CONFIG ------------------------------------------------------
+# ---- Every cluster: one check, before anything is locked, written or served ------
+
+def check(cluster, jobs=None):
+  """Raises ClusterError unless the cluster can start: the one check of every source.
+
+  from_flags, from_tf_config and from_slurm all end here, so dist_train.py refuses
+  a cluster before it locks, records, writes or serves anything. Every job has a
+  task; every task a host:port with a port 1..65535 (under Slurm: --slurm_port_base
+  + the task's index among its node's tasks); no two tasks one host:port, across
+  jobs too (every loopback name is one host: TensorFlow's servers listen on every
+  interface); and this task is one of its job's.
+
+  Args:
+    cluster: a Cluster.
+    jobs: {job: ['host:port', ...]} as the source names them, where they are more
+      than the Cluster's two lists (TF_CONFIG's chief, master, evaluator); by
+      default {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}.
+
+  Raises:
+    ClusterError: one line naming the flag or variable to fix, the value, and how.
+  """
+  if jobs is None:
+    jobs = {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}
+  source = cluster.source
+  seen = {}  # (host, port) -> (job, index) of the first task there
+  for job, hosts in jobs.items():
+    if not hosts and source == 'flags':
+      raise ClusterError('--%s_hosts is empty; give comma-separated host:port entries, e.g. '
+                         '--%s_hosts=127.0.0.1:2222' % (job, job))
+    if not hosts:
+      raise ClusterError('%s lists no task; give it its tasks\' "host:port", or leave the '
+                         'job out' % _job_named(source, job))
+    for index, host in enumerate(hosts):
+      name, _, port = host.rpartition(':')
+      if not name or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(_slurm_port_message(cluster, host) if source == 'Slurm' else
+                           '%s entry %r is not host:port with a port 1..65535'
+                           % (_job_named(source, job), host))
+      place = ('loopback' if is_loopback(host) else name.lower(), int(port))
+      if place in seen:
+        first_job, first_index = seen[place]
+        first_host = jobs[first_job][first_index]
+        where = (' and '.join(dict.fromkeys(['--%s_hosts' % first_job, '--%s_hosts' % job]))
+                 if source == 'flags' else _job_named(source, None))
+        at = (host if host == first_host else
+              '%s and %s, one port of one machine' % (first_host, host))
+        raise ClusterError('%s: %s %d and %s %d are both at %s; each task listens on a port '
+                           'of its own: give every task its own host:port'
+                           % (where, first_job, first_index, job, index, at))
+      seen[place] = (job, index)
+  if cluster.job_name in ('ps', 'worker'):  # an evaluator is in no job
+    hosts = cluster.ps_hosts if cluster.job_name == 'ps' else cluster.worker_hosts
+    if not 0 <= cluster.task_index < len(hosts):
+      raise ClusterError('%s is not a %s task: %s lists %d (0..%d)' % (
+          '--task_index=%d' % cluster.task_index if source == 'flags' else
+          'this task, %s %d,' % (cluster.job_name, cluster.task_index), cluster.job_name,
+          _job_named(source, cluster.job_name), len(hosts), len(hosts) - 1))
+
+
+def _job_named(source, job):
+  """How a source names a job's host list in check()'s messages; job None: all of them."""
+  if source == 'flags':
+    return '--%s_hosts' % job
+  if source == 'TF_CONFIG':
+    return 'TF_CONFIG\'s "cluster"' + (' job "%s"' % job if job else '')
+  return 'Slurm\'s %s (SLURM_STEP_NODELIST)' % ('%s tasks' % job if job else 'tasks')
+
+
+def _slurm_port_message(cluster, host):
+  """A Slurm port past 65535: --slurm_port_base + a task's index on its node."""
+  ports = [int(h.rpartition(':')[2]) for h in cluster.ps_hosts + cluster.worker_hosts]
+  base = min(ports)  # every node's first task listens on the base itself
+  return ('--slurm_port_base=%d puts a task at %s, past port 65535: each task listens on '
+          'the base + its index among its node\'s tasks (up to +%d here); give '
+          '--slurm_port_base=%d or lower' % (base, host, max(ports) - base,
+                                             65535 - (max(ports) - base)))
+
+
+# ---- Flags ----------------------------------------------------------------------
 
 def from_flags(job_name, task_index, ps_hosts, worker_hosts, allow_nonloopback=False):
   """The Cluster that --job_name, --task_index, --ps_hosts and --worker_hosts name.
 
   Raises:
-    ClusterError: a host list that does not parse, a host other than loopback
-      without allow_nonloopback, or a task index outside its job.
+    ClusterError: a host list check() refuses, a host other than loopback without
+      allow_nonloopback, or a task index outside its job.
   """
-  ps_hosts = parse_hosts('ps_hosts', ps_hosts)
-  worker_hosts = parse_hosts('worker_hosts', worker_hosts)
+  cluster = Cluster(parse_hosts(ps_hosts), parse_hosts(worker_hosts), job_name, task_index,
+                    'flags', None)
+  check(cluster)
   if not allow_nonloopback:
-    check_loopback(ps_hosts, worker_hosts)
-  hosts = ps_hosts if job_name == 'ps' else worker_hosts
-  if not 0 <= task_index < len(hosts):
-    raise ClusterError('--task_index=%d is not a %s task: --%s_hosts lists %d (0..%d)'
-                       % (task_index, job_name, job_name, len(hosts), len(hosts) - 1))
-  return Cluster(ps_hosts, worker_hosts, job_name, task_index, 'flags', None)
+    check_loopback(cluster.ps_hosts, cluster.worker_hosts)
+  return cluster
 
 
 def exposure_warning(cluster):
@@ -93,20 +170,9 @@ def exposure_warning(cluster):
       hosts[cluster.task_index].rpartition(':')[2], cluster.job_name, cluster.task_index))
 
 
-def parse_hosts(flag_name, value):
-  """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'], refusing empty entries, bad ports, repeats."""
-  hosts = [h.strip() for h in value.split(',')] if value else []
-  if not hosts:
-    raise ClusterError('--%s is empty; give comma-separated host:port entries, e.g. '
-                     '--%s=127.0.0.1:2222' % (flag_name, flag_name))
-  for host in hosts:
-    name, _, port = host.rpartition(':')
-    if not name or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ClusterError('--%s entry %r is not host:port with a port 1..65535'
-                       % (flag_name, host))
-  if len(set(hosts)) != len(hosts):
-    raise ClusterError('--%s names the same host:port twice: %s' % (flag_name, value))
-  return hosts
+def parse_hosts(value):
+  """'h1:p1, h2:p2' -> ['h1:p1', 'h2:p2']; '' -> []. check() says what is wrong in them."""
+  return [host.strip() for host in value.split(',')] if value.strip() else []
 
 
 def is_loopback(host):
@@ -133,6 +199,8 @@ def check_loopback(ps_hosts, worker_hosts):
             % (flag_name, host))
 
 
+# ---- Kubernetes: TF_CONFIG ------------------------------------------------------
+
 def from_tf_config(environ=os.environ):
   """The cluster TF_CONFIG describes, or None when TF_CONFIG is unset or empty.
 
@@ -148,15 +216,18 @@ def from_tf_config(environ=os.environ):
 
   Raises:
     ClusterError: TF_CONFIG is not JSON, lacks "cluster" or "task", names an
-      unknown task type, two chiefs (or a chief and a master), no ps task, or
-      a task that is not in its job.
+      unknown task type, two chiefs (or a chief and a master), no ps task, a
+      task that is not in its job, or a cluster check() refuses (an empty job, a
+      port outside 1..65535, two tasks at one host:port).
   """
   text = environ.get('TF_CONFIG', '')
   if not text.strip():
     return None
   jobs, task_type, task_id = _read_tf_config(text, environ)
   _check_tf_config_task(jobs, task_type, task_id)
-  return _tf_config_cluster(jobs, task_type, task_id)
+  cluster = _tf_config_cluster(jobs, task_type, task_id)
+  check(cluster, jobs)
+  return cluster
 
 
 def _read_tf_config(text, environ):
@@ -191,7 +262,7 @@ def _read_tf_config(text, environ):
     if job not in TASK_TYPES:
       raise ClusterError('TF_CONFIG\'s "cluster" has a job %r that dist_train.py does not '
                          'run; use %s' % (job, ', '.join(TASK_TYPES)))
-    jobs[job] = spec.job_tasks(job)
+    jobs[job] = spec.job_tasks(job) if spec.num_tasks(job) else []  # check() says it
     if None in jobs[job]:
       raise ClusterError('TF_CONFIG\'s "cluster" job %r skips task indexes (%s); list its '
                          'tasks 0, 1, ... in order' % (job, spec.as_dict()[job]))
@@ -250,6 +321,15 @@ def _tf_config_cluster(jobs, task_type, task_id):
 
 # ---- Slurm ----------------------------------------------------------------------
 
+def _slurm_gpu_note(gpus, visible, environ):
+  """What from_slurm's description says of this task's GPUs."""
+  if gpus.get('auto_set_gpu', True):
+    return 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
+  if 'CUDA_VISIBLE_DEVICES' in environ:
+    return 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
+  return 'no GPUs (no nvidia-smi)'
+
+
 def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   """The cluster of this Slurm job step: num_ps ps tasks, then the workers.
 
@@ -278,12 +358,9 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
     environ: the environment to read (a mapping); os.environ by default. The
       CUDA_VISIBLE_DEVICES the resolver sets is written to it.
 
-  Returns:
-    A Cluster with source 'Slurm'.
-
-  Raises:
-    ClusterError: a variable is missing or malformed, the step has fewer than
-      num_ps + 1 tasks, or a node has fewer GPUs than tasks.
+  Returns a Cluster with source 'Slurm'. Raises ClusterError: a variable is missing
+  or malformed, the step has fewer than num_ps + 1 tasks, a node has fewer GPUs
+  than tasks, or port_base + a task's index on its node passes 65535 (check()).
   """
   num_tasks, rank, nodes, tasks_per_node = _slurm_step(environ, num_ps)
   nodelist = environ['SLURM_STEP_NODELIST']
@@ -303,20 +380,16 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   if environ is not os.environ and visible is not None:
     environ['CUDA_VISIBLE_DEVICES'] = visible
   num_workers = num_tasks - num_ps
-  if gpus.get('auto_set_gpu', True):
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s set by the resolver' % visible
-  elif 'CUDA_VISIBLE_DEVICES' in environ:
-    gpu_note = 'CUDA_VISIBLE_DEVICES=%s as Slurm set it' % environ['CUDA_VISIBLE_DEVICES']
-  else:
-    gpu_note = 'no GPUs (no nvidia-smi)'
   description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
                  'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
                      num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
                      's' * (len(nodes) != 1), nodelist, job_name, task_index,
                      ', the chief' * (job_name == 'worker' and task_index == 0), rank,
-                     gpu_note))
-  return Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
-                 'Slurm', description)
+                     _slurm_gpu_note(gpus, visible, environ)))
+  cluster = Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
+                    'Slurm', description)
+  check(cluster)
+  return cluster
 
 
 def _slurm_step(environ, num_ps):

@@ -10,7 +10,7 @@ the task's name, and waits for them all to end: the workers once they have
 trained, then the ps tasks, which end by themselves once every worker has said
 it finished. It stops them on a failure, or on Ctrl-C or SIGTERM (the chief
 first, so that it saves). Each task dies with this launcher, however it ends
-(die_with_launcher).
+(die_with). More tasks than the machine's memory holds are refused (check_memory).
 """
 import ctypes
 import errno
@@ -35,6 +35,11 @@ STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and sa
 END_SECS = 60                # once the workers (or the ps tasks) have ended, the others
                              # must end by themselves within this, or they are stopped
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
+TASK_MEMORY_BYTES = 450e6    # one task's own memory; measured (1 ps, 2 workers, --synthetic,
+                             # TensorFlow 2.21, x86 CPU): a CIFAR-10 worker at --batch_size=128
+                             # 445 MB of RssAnon, a ps task 310 MB; their VmRSS (819, 670 MB)
+                             # also counts 360-375 MB of TensorFlow's library pages, which all
+                             # the tasks share
 
 # Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
@@ -132,6 +137,17 @@ def task_command(job_name, task_index, ps_hosts, worker_hosts, extra_flags=()):
           '--worker_hosts=%s' % ','.join(worker_hosts)] + list(extra_flags)
 
 
+def _say_failed(relay, name, code):
+  """The lines of a task that failed: TensorFlow's held back, then which, then its error."""
+  relay.show_held()
+  print('local cluster: %s exited with %d; stopping the other tasks' % (name, code),
+        flush=True)
+  # Last, so that a log cut to its end still says why (the held lines come before).
+  error = relay.last_error(name)
+  if error:
+    print('local cluster: %s said: %s' % (name, error), flush=True)
+
+
 def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   """Runs num_ps ps tasks and num_workers workers on 127.0.0.1, printing their logs.
 
@@ -151,7 +167,8 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   relay = Relay()
   tasks = {}  # 'ps0' -> Popen, in start order
   # One process group of their own: a Ctrl-C in the terminal reaches this launcher
-  # alone, which stops the tasks in order. They die with it (DIE_WITH_LAUNCHER_ENV).
+  # alone, which stops the tasks in order. They die with it (die_with); the variable
+  # marks them as its tasks.
   env = dict(os.environ, **{DIE_WITH_LAUNCHER_ENV: str(os.getpid())})
   try:
     for job_name, hosts in (('ps', ps_hosts), ('worker', worker_hosts)):
@@ -160,20 +177,15 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         tasks[name] = subprocess.Popen(
             task_command(job_name, i, ps_hosts, worker_hosts, extra_flags), env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0)
+            text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0,
+            preexec_fn=die_with(os.getpid()))
         relay.start(name, tasks[name].stdout)
     one_side_ended = None  # when every worker, or every ps task, had ended
     while not stop.requested:
       ended = {name: p.returncode for name, p in tasks.items() if p.poll() is not None}
       failed = [name for name, code in ended.items() if code != 0]
       if failed:
-        relay.show_held()
-        print('local cluster: %s exited with %d; stopping the other tasks'
-              % (failed[0], ended[failed[0]]), flush=True)
-        # Last, so that a log cut to its end still says why (the held lines come before).
-        error = relay.last_error(failed[0])
-        if error:
-          print('local cluster: %s said: %s' % (failed[0], error), flush=True)
+        _say_failed(relay, failed[0], ended[failed[0]])
         return 1
       if len(ended) == len(tasks):
         print('local cluster: all %d workers finished, then the %d ps task(s) by themselves'
@@ -278,13 +290,53 @@ class Relay:
       reader.join(STOP_TASKS_SECS)
 
 
-def die_with_launcher():
-  """A --local_cluster task: dies with its launcher, however the launcher ends."""
-  launcher = os.environ.get(DIE_WITH_LAUNCHER_ENV)
-  if launcher and sys.platform.startswith('linux'):
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(launcher):  # it died before prctl
-      os._exit(1)
+def die_with(launcher_pid):
+  """Popen's preexec_fn for a task: it dies with its launcher, however the launcher ends.
+
+  Run in the task between fork and exec: Linux is asked to SIGKILL the task when
+  the launcher dies (PR_SET_PDEATHSIG, which exec keeps), then the task exits if
+  the launcher has already died (it then has another parent). So a launcher killed
+  at any moment leaves no task. Set by the task itself once it ran, this left
+  orphans: a task imports TensorFlow for seconds before it runs a line of its own
+  (minutes while hundreds start), and one whose launcher died meanwhile ran on.
+
+  Returns:
+    a function of no arguments, or None where this is not Linux.
+  """
+  if not sys.platform.startswith('linux'):
+    return None
+  prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+  kill = int(signal.SIGKILL)
+
+  def preexec():
+    prctl(PR_SET_PDEATHSIG, kill)
+    if os.getppid() != launcher_pid:
+      os._exit(1)  # pylint: disable=protected-access
+  return preexec
+
+
+def check_memory(num_ps, num_workers, available_bytes):
+  """ValueError naming the estimate and the limit unless the tasks fit in memory.
+
+  Each task needs about TASK_MEMORY_BYTES of its own, whatever it trains (more
+  at larger batches): --local_cluster=1,1000 once took all 24 GB of a machine.
+
+  Args:
+    num_ps, num_workers: ints, --local_cluster's P and W.
+    available_bytes: int, memory_check.memory_available(); None (not Linux) checks nothing.
+  """
+  num_tasks = num_ps + num_workers
+  needed = num_tasks * TASK_MEMORY_BYTES
+  if available_bytes is None or needed <= available_bytes:
+    return
+  most = int(available_bytes // TASK_MEMORY_BYTES)
+  raise ValueError(
+      '--local_cluster=%d,%d starts %d TensorFlow tasks, about %.1f GB of memory (%d x %d MB, '
+      'what one task was measured to use), and this machine has %.1f GB available; %s, or '
+      'run the tasks on several machines with --job_name, --ps_hosts and --worker_hosts'
+      % (num_ps, num_workers, num_tasks, needed / 1e9, num_tasks, TASK_MEMORY_BYTES / 1e6,
+         available_bytes / 1e9, 'start at most %d here, e.g. --local_cluster=1,%d'
+         % (most, most - 1) if most >= 2 else 'free some memory'))
 
 
 def parse_spec(value):

@@ -213,10 +213,19 @@ class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
     if step != self.last_saved:  # a reopened session restores the last one saved
       self._save(session, step)
 
+  def before_run(self, run_context):
+    del run_context
+    return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
   def after_run(self, run_context, run_values):
-    del run_values
+    # The step read within the step's run may precede its own update (+1): a save
+    # may be due only if it is due by then. Only then is the step read again, for
+    # the checkpoint's name: no second round trip to the ps on the other steps.
+    if self.last_saved is not None and not steps.crossed(
+        self.last_saved, run_values.results + 1, self._every):
+      return
     step = run_context.session.run(self._global_step)
-    if self.last_saved is None or steps.crossed(self.last_saved, step, self._every):
+    if steps.crossed(self.last_saved, step, self._every):
       self._save(run_context.session, step)
 
   def end(self, session):

@@ -1,6 +1,7 @@
 """cifar10_eval.py and the trainer's summaries: evidence that training learns."""
 import glob
 import os
+import re
 import signal
 import types
 
@@ -168,6 +169,67 @@ def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path, capsys):
   assert 'give this program a directory of its own' in str(e.value.code)
   assert str(e.value.code).startswith('error: ')  # exits 1, the message on stderr
   assert capsys.readouterr().out == '' and os.listdir(tmp_path) == []
+
+
+READ_ONLY_DIR = '/proc/sys'  # no one can make a directory here, root neither
+
+
+@pytest.mark.parametrize('changes, expected', [
+    (dict(eval_interval_secs=-1), '--eval_interval_secs must be 1..604800 (1 s to a week), '
+                                  'got -1; give the seconds between looks for a new checkpoint'),
+    (dict(eval_interval_secs=0), '--eval_interval_secs must be 1..604800 (1 s to a week), '
+                                 'got 0;'),
+    (dict(eval_interval_secs=10 ** 13), '--eval_interval_secs must be 1..604800 (1 s to a '
+                                        'week), got 10000000000000;'),
+    (dict(batch_size=0), '--batch_size must be at least 1, got 0; give the images per batch'),
+    (dict(eval_dir='{tmp}/file'), '--eval_dir={tmp}/file is not a directory; give a '
+                                  'directory this user can write to (it is created if missing)'),
+    (dict(eval_dir='{tmp}/file/eval'), '--eval_dir={tmp}/file/eval cannot be created: '
+                                       '{tmp}/file is not a directory;'),
+    (dict(eval_dir=READ_ONLY_DIR + '/cifar10_eval/x'),
+     '--eval_dir=/proc/sys/cifar10_eval/x cannot be created: /proc/sys is not writable by '
+     'this user;'),
+    (dict(checkpoint_dir='{tmp}/file'), '--checkpoint_dir={tmp}/file is a file, not a '
+                                        'directory; point it at the trainer\'s --train_dir'),
+], ids=['interval_negative', 'interval_0', 'interval_past_a_week', 'batch_0', 'eval_dir_file',
+        'eval_dir_under_file', 'eval_dir_read_only', 'checkpoint_dir_file'])
+def test_eval_bad_flag_exits_one_line_naming_it_before_anything(tmp_path, capsys, changes,
+                                                                expected):
+  (tmp_path / 'file').write_text('not a directory\n')
+  changes = {name: value.replace('{tmp}', str(tmp_path)) if isinstance(value, str) else value
+             for name, value in changes.items()}
+  # Not --run_once: a check that came late would wait for a checkpoint, not exit.
+  flags = _eval_flags(**dict(dict(checkpoint_dir=tmp_path / 'train', eval_dir=tmp_path / 'eval',
+                                  data_dir=str(tmp_path / 'data'), run_once=False), **changes))
+  with pytest.raises(SystemExit) as e:
+    evaluation.main(flags, cifar10, cifar10_input, 'python multi_gpu_train.py')
+  assert str(e.value.code).startswith('error: ' + expected.replace('{tmp}', str(tmp_path)))
+  assert '\n' not in str(e.value.code)
+  assert capsys.readouterr().out == '' and os.listdir(tmp_path) == ['file']
+
+
+@pytest.mark.slow
+def test_eval_program_bad_command_line_exits_1_in_one_line_writing_nothing(sample, tmp_path,
+                                                                          tasks):
+  (tmp_path / 'file').write_text('not a directory\n')
+  refused = [
+      (['--eval_interval_secs=-1'], r'^error: --eval_interval_secs must be 1\.\.604800 '),
+      (['--eval_dir=%s' % (tmp_path / 'file')], r'^error: --eval_dir=\S+ is not a directory'),
+      (['--eval_dir=%s/cifar10_eval' % READ_ONLY_DIR],
+       r'^error: --eval_dir=\S+ cannot be created: /proc/sys is not writable'),
+      (['--run_once', 'true'], r"^error: unexpected argument 'true': cifar10_eval\.py takes "
+                               r"flags only \(--name=value; a boolean: --name or --noname\)$"),
+  ]
+  # All at once: each only imports TensorFlow and stops.
+  runs = [tasks(['cifar10_eval.py', '--run_once', *sample.flags, '--eval_dir=%s' % (
+      tmp_path / 'eval'), '--checkpoint_dir=%s' % (tmp_path / 'train')] + flags)
+          for flags, _ in refused]
+  for run, (flags, expected) in zip(runs, refused):
+    assert run.finish() == 1, (flags, run.log())
+    errors = [line for line in run.err_lines if line.startswith('error')]
+    assert len(errors) == 1 and re.search(expected, errors[0]), (flags, run.log())
+    assert 'Traceback' not in run.err and run.out == '', (flags, run.log())
+  assert os.listdir(tmp_path) == ['file']
 
 
 def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(sample, tmp_path,

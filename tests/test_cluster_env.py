@@ -123,9 +123,32 @@ GOOD = {'ps': [PS], 'worker': [W0]}
                  'task': {'type': 'worker', 'index': 0}}), 'cannot be read as a cluster'),
     (json.dumps({'cluster': {'ps': [PS], 'worker': {'0': W0, '2': W1}},
                  'task': {'type': 'worker', 'index': 0}}), 'skips task indexes'),
+    (json.dumps({'cluster': {'ps': [], 'worker': [W0]}, 'task': {'type': 'worker',
+                                                                 'index': 0}}),
+     'has no "ps" task'),
+    (json.dumps({'cluster': {'ps': [PS], 'chief': [CHIEF], 'worker': []},
+                 'task': {'type': 'chief', 'index': 0}}),
+     '"cluster" job "worker" lists no task; give it its tasks\' "host:port", or leave the job '
+     'out'),
+    (json.dumps({'cluster': {'ps': ['ps-0:99999'], 'worker': [W0]},
+                 'task': {'type': 'worker', 'index': 0}}),
+     '"cluster" job "ps" entry \'ps-0:99999\' is not host:port with a port 1..65535'),
+    (json.dumps({'cluster': {'ps': ['ps-0'], 'worker': [W0]},
+                 'task': {'type': 'worker', 'index': 0}}),
+     '"cluster" job "ps" entry \'ps-0\' is not host:port'),
+    (json.dumps({'cluster': {'ps': [PS], 'chief': [CHIEF], 'worker': [W0, CHIEF]},
+                 'task': {'type': 'worker', 'index': 0}}),
+     '"cluster": chief 0 and worker 1 are both at chief-0:2222; each task listens on a port '
+     'of its own: give every task its own host:port'),
+    (json.dumps({'cluster': {'ps': ['127.0.0.1:2222'], 'worker': ['localhost:2222']},
+                 'task': {'type': 'ps', 'index': 0}}),
+     'ps 0 and worker 0 are both at 127.0.0.1:2222 and localhost:2222, one port of one '
+     'machine'),
 ], ids=['not_json', 'not_object', 'no_cluster', 'no_task', 'index_past_end', 'index_negative',
         'unknown_type', 'unknown_job', 'chief_and_master', 'two_chiefs', 'no_ps', 'no_type',
-        'no_index', 'index_not_int', 'hosts_not_list', 'sparse_indexes'])
+        'no_index', 'index_not_int', 'hosts_not_list', 'sparse_indexes', 'empty_ps',
+        'empty_worker', 'port_past_65535', 'no_port', 'chief_and_worker_one_host_port',
+        'ps_and_worker_one_loopback_port'])
 def test_from_tf_config_broken_raises_one_line_naming_tf_config(text, named):
   with pytest.raises(cluster_env.ClusterError) as raised:
     cluster_env.from_tf_config({'TF_CONFIG': text})
@@ -157,6 +180,18 @@ def test_from_slurm_two_nodes_ports_count_per_node(tmp_path):
   env = slurm(3, tmp_path, num_tasks=4, nodelist='n[1-2]', tasks_per_node='2(x2)')
   cluster = cluster_env.from_slurm(1, port_base=9000, environ=env)
   assert cluster[:4] == (['n1:9000'], ['n1:9001', 'n2:9000', 'n2:9001'], 'worker', 2)
+
+
+def test_from_slurm_port_base_plus_index_past_65535_raises_naming_the_flag(tmp_path):
+  # 3 tasks on node7 listen on 65534, 65535 and 65536: the last is no port.
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_slurm(1, port_base=65534, environ=slurm(0, tmp_path))
+  assert str(raised.value) == (
+      '--slurm_port_base=65534 puts a task at node7:65536, past port 65535: each task listens '
+      'on the base + its index among its node\'s tasks (up to +2 here); give '
+      '--slurm_port_base=65533 or lower')
+  assert cluster_env.from_slurm(1, port_base=65533, environ=slurm(0, tmp_path)).ps_hosts == [
+      'node7:65533']
 
 
 def test_from_slurm_nvidia_smi_finds_gpus_resolver_sets_this_tasks(tmp_path):
@@ -254,19 +289,46 @@ def test_check_agrees_slurm_disagreeing_task_index_names_slurm_procid(tmp_path):
 
 # ---- Host flags ------------------------------------------------------------------
 
-def test_parse_hosts_good_list_keeps_order():
-  assert cluster_env.parse_hosts('ps_hosts', '127.0.0.1:2222, localhost:2223') == [
-      '127.0.0.1:2222', 'localhost:2223']
+def test_from_flags_good_lists_keep_order():
+  cluster = cluster_env.from_flags('worker', 1, '127.0.0.1:2222', '127.0.0.1:2223, localhost:2224')
+  assert cluster[:4] == (['127.0.0.1:2222'], ['127.0.0.1:2223', 'localhost:2224'], 'worker', 1)
 
 
 @pytest.mark.parametrize('value, named', [
     ('', 'is empty'), ('127.0.0.1', "'127.0.0.1'"), ('127.0.0.1:0', "'127.0.0.1:0'"),
     ('127.0.0.1:x', "'127.0.0.1:x'"), ('127.0.0.1:1,,127.0.0.1:2', "''"),
-    ('127.0.0.1:1,127.0.0.1:1', 'twice')])
-def test_parse_hosts_bad_entry_raises_naming_it(value, named):
-  with pytest.raises(cluster_env.ClusterError, match='--worker_hosts') as error:
-    cluster_env.parse_hosts('worker_hosts', value)
+    ('127.0.0.1:65536', "'127.0.0.1:65536' is not host:port with a port 1..65535"),
+    ('127.0.0.1:1,127.0.0.1:1', 'worker 0 and worker 1 are both at 127.0.0.1:1')])
+def test_from_flags_bad_worker_hosts_raises_naming_it(value, named):
+  with pytest.raises(cluster_env.ClusterError, match='^--worker_hosts') as error:
+    cluster_env.from_flags('ps', 0, '127.0.0.1:2222', value)
   assert named in str(error.value)
+
+
+@pytest.mark.parametrize('ps, worker, expected', [
+    ('127.0.0.1:2222', '127.0.0.1:2223,127.0.0.1:2222',
+     '--ps_hosts and --worker_hosts: ps 0 and worker 1 are both at 127.0.0.1:2222; each task '
+     'listens on a port of its own: give every task its own host:port'),
+    # Every loopback name is this machine, whose servers listen on every interface.
+    ('localhost:2222', '127.0.0.2:2222',
+     '--ps_hosts and --worker_hosts: ps 0 and worker 0 are both at localhost:2222 and '
+     '127.0.0.2:2222, one port of one machine; each task listens on a port of its own: give '
+     'every task its own host:port'),
+], ids=['same_entry', 'two_loopback_names'])
+def test_from_flags_ps_and_worker_at_one_host_port_raises_naming_both(ps, worker, expected):
+  with pytest.raises(cluster_env.ClusterError) as error:
+    cluster_env.from_flags('worker', 0, ps, worker)
+  assert str(error.value) == expected
+
+
+@pytest.mark.parametrize('job_name, task_index', [('worker', 2), ('worker', -1), ('ps', 1)])
+def test_from_flags_task_index_outside_its_job_raises_naming_it(job_name, task_index):
+  with pytest.raises(cluster_env.ClusterError) as error:
+    cluster_env.from_flags(job_name, task_index, '127.0.0.1:2222',
+                           '127.0.0.1:2223,127.0.0.1:2224')
+  count = 1 if job_name == 'ps' else 2
+  assert str(error.value) == '--task_index=%d is not a %s task: --%s_hosts lists %d (0..%d)' % (
+      task_index, job_name, job_name, count, count - 1)
 
 
 def test_is_loopback_only_loopback_addresses_pass():

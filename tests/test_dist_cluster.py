@@ -208,32 +208,59 @@ def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path)
 # ---- Start-up refusals: one line, exit 1, before anything is served ---------------
 
 GOOD = {'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']}
+ONE_PORT = '127.0.0.1:%d' % local_cluster.free_ports(1)[0]  # two tasks at one host:port
+SLURM_3_TASKS = dict(SLURM_PROCID='1', SLURM_STEP_NUM_TASKS='3', SLURM_STEP_NODELIST='127.0.0.1',
+                     SLURM_STEP_TASKS_PER_NODE='3')
+# Today's code would wait --startup_timeout_secs for the ps tasks, not refuse at once.
+QUICK = ['--startup_timeout_secs=2']
 REFUSED = [
-    # (TF_CONFIG, extra flags, the one line it prints)
-    ('{"cluster": ', [], r'^error: TF_CONFIG is not JSON \('),
-    (json.dumps({'cluster': {'worker': ['127.0.0.1:2']}, 'task': {'type': 'worker',
-                                                                  'index': 0}}), [],
+    # (the environment's cluster variables, extra flags, the one line it prints)
+    (dict(TF_CONFIG='{"cluster": '), [], r'^error: TF_CONFIG is not JSON \('),
+    (dict(TF_CONFIG=json.dumps({'cluster': {'worker': ['127.0.0.1:2']},
+                                'task': {'type': 'worker', 'index': 0}})), [],
      r'^error: TF_CONFIG\'s "cluster" has no "ps" task'),
-    (tf_config(GOOD, 'worker', 3), [],
+    (dict(TF_CONFIG=tf_config(GOOD, 'worker', 3)), [],
      r'^error: TF_CONFIG\'s task is worker 3, but "cluster" lists 1 worker task\(s\) \(0\.\.0\)'),
-    (tf_config(GOOD, 'worker', 0), ['--task_index=1'],
+    (dict(TF_CONFIG=tf_config(GOOD, 'worker', 0)), ['--task_index=1'],
      r'^error: --task_index=1 disagrees with TF_CONFIG, which makes this task worker 0; drop '
      r'--task_index$'),
-    ('', ['--cluster=tf_config'], r'^error: TF_CONFIG is not set, and --cluster=tf_config'),
+    (dict(TF_CONFIG=''), ['--cluster=tf_config'],
+     r'^error: TF_CONFIG is not set, and --cluster=tf_config'),
+    # Every cluster description is checked before anything is locked, written or served.
+    (dict(TF_CONFIG=tf_config({'ps': [], 'worker': ['127.0.0.1:2']}, 'worker', 0)), [],
+     r'^error: TF_CONFIG\'s "cluster" has no "ps" task'),
+    (dict(TF_CONFIG=tf_config({'ps': [ONE_PORT], 'worker': [ONE_PORT]}, 'worker', 0)), QUICK,
+     r'^error: TF_CONFIG\'s "cluster": ps 0 and worker 0 are both at %s; each task listens '
+     r'on a port of its own' % ONE_PORT),
+    (dict(TF_CONFIG=tf_config({'ps': ['127.0.0.1:99999'], 'worker': [ONE_PORT]}, 'worker', 0)),
+     QUICK, r'^error: TF_CONFIG\'s "cluster" job "ps" entry \'127\.0\.0\.1:99999\' is not '
+            r'host:port with a port 1\.\.65535$'),
+    (dict(TF_CONFIG=''), ['--job_name=worker', '--ps_hosts=' + ONE_PORT,
+                          '--worker_hosts=' + ONE_PORT] + QUICK,
+     r'^error: --ps_hosts and --worker_hosts: ps 0 and worker 0 are both at %s;' % ONE_PORT),
+    # Slurm's 3 tasks on one node at 65534, 65535, 65536: this one is the chief.
+    (SLURM_3_TASKS, ['--cluster=slurm', '--slurm_port_base=65534'] + QUICK,
+     r'^error: --slurm_port_base=65534 puts a task at 127\.0\.0\.1:65536, past port 65535: '
+     r'each task listens on the base \+ its index among its node\'s tasks \(up to \+2 here\); '
+     r'give --slurm_port_base=65533 or lower$'),
+    (dict(TF_CONFIG=''), ['--job_name=ps', '--ps_hosts=127.0.0.1:1', '--worker_hosts=127.0.0.1:2',
+                          'extra'],
+     r"^error: unexpected argument 'extra': dist_train\.py takes flags only \(--name=value; "
+     r"a boolean: --name or --noname\)$"),
 ]
 
 
 @pytest.mark.slow
-def test_tf_config_broken_or_disagreeing_flag_exits_1_one_line_no_traceback(tasks, tmp_path):
+def test_cluster_broken_or_disagreeing_flag_exits_1_one_line_writing_nothing(tasks, tmp_path):
   # All at once: each only imports TensorFlow and stops.
   runs = [tasks(['dist_train.py', '--synthetic', '--train_dir=%s' % tmp_path] + flags,
-                env=environment(TF_CONFIG=text)) for text, flags, _ in REFUSED]
-  for run, (text, _, expected) in zip(runs, REFUSED):
-    assert run.finish() == 1, (text, run.log())
+                env=environment(**variables)) for variables, flags, _ in REFUSED]
+  for run, (variables, flags, expected) in zip(runs, REFUSED):
+    assert run.finish() == 1, (variables, flags, run.log())
     errors = [line for line in run.err_lines if line.startswith('error: ')]
-    assert len(errors) == 1 and re.search(expected, errors[0]), (text, run.log())
+    assert len(errors) == 1 and re.search(expected, errors[0]), (variables, flags, run.log())
     assert 'Traceback' not in run.err
-    assert 'serving' not in run.out and 'cluster from TF_CONFIG' not in run.out
+    assert 'serving' not in run.out and 'cluster from' not in run.out
   assert os.listdir(tmp_path) == []
 
 

@@ -76,6 +76,18 @@ def start_together(launcher, num_workers):
 # ---- Flags and hosts, in-process ------------------------------------------------
 
 
+def test_check_memory_more_tasks_than_memory_holds_raises_naming_estimate_and_limit():
+  with pytest.raises(ValueError) as raised:
+    local_cluster.check_memory(1, 1000, available_bytes=24e9)
+  assert str(raised.value) == (
+      '--local_cluster=1,1000 starts 1001 TensorFlow tasks, about 450.4 GB of memory (1001 x '
+      '450 MB, what one task was measured to use), and this machine has 24.0 GB available; '
+      'start at most 53 here, e.g. --local_cluster=1,52, or run the tasks on several machines '
+      'with --job_name, --ps_hosts and --worker_hosts')
+  local_cluster.check_memory(1, 52, available_bytes=24e9)  # 53 x 450 MB fit
+  local_cluster.check_memory(1, 1000, available_bytes=None)  # not Linux: nothing known
+
+
 def test_free_ports_distinct_and_bindable():
   ports = local_cluster.free_ports(3)
   assert len(set(ports)) == 3
@@ -103,6 +115,19 @@ def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
   assert ('error: --fresh is a multi_gpu_train.py flag that dist_train.py does not take'
           in done.err), done.log()
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--local_cluster=1,2', '--sync_replicas', '--replicas_to_aggregate=3'],
+     'error: --replicas_to_aggregate=3 is more than the 2 workers: no update could ever '
+     'gather that many gradients'),
+    (['--local_cluster=1,1', '--step_timeout_secs=%d' % 10 ** 13],
+     'error: --step_timeout_secs must be at most 604800 (a week), got %d' % 10 ** 13),
+], ids=['replicas', 'seconds'])
+def test_main_value_out_of_range_exits_naming_it_before_any_task(tmp_path, flags, message):
+  done = helpers.run(['dist_train.py', '--train_dir=%s' % tmp_path, '--synthetic', *flags])
+  assert done.code == 1 and done.err.splitlines()[-1] == message, done.log()
+  assert 'local cluster:' not in done.out and os.listdir(tmp_path) == []
 
 
 @pytest.mark.xdist_group('helpshort')
@@ -402,7 +427,7 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
       saved[0] = int(found.group(1))
     step = step_at_least(saved[0] + 4)(line)
     return saved[0] >= save_every and step and (saved[0], step)
-  checkpoint_step, at_chief_kill = chief.wait_for(
+  checkpoint_step, _ = chief.wait_for(
       past_checkpoint, 'the chief 4 steps past a checkpoint', start=len(chief.lines))
   chief.kill()
   killed.append(chief)
@@ -416,10 +441,12 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
   restored = int(resuming.group(2))
   assert restored == helpers.global_step(tmp_path / ('model.ckpt-%d' % checkpoint_step))
   assert checkpoint_step <= restored <= checkpoint_step + 1
-  # Its first checkpoint, saved as the session opens: the global step went back
-  # from at least at_chief_kill.
+  # The checkpoint it resumed from is not written again (a rewrite that failed could
+  # lose it): its first save is of a step past it.
   first_saved = chief.wait_for(SAVED_LINE, 'a checkpoint')
-  assert restored <= int(first_saved.group(1)) < at_chief_kill
+  assert checkpoint_step < int(first_saved.group(1)), chief.log()
+  assert not [line for line in chief.lines if line.startswith(
+      'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, checkpoint_step))], chief.log()
 
   local_steps = 0
   for worker in workers:
@@ -461,6 +488,52 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
             in worker.text), worker.log()
     assert matches(DONE_LINE, worker.lines)[0].group(3) == str(max_steps)
   assert helpers.global_step(tmp_path) == max_steps
+
+
+@pytest.mark.slow
+def test_local_cluster_more_tasks_than_memory_holds_exits_1_starting_none(tasks, tmp_path):
+  launcher = tasks(['dist_train.py', '--local_cluster=1,100000', '--synthetic',
+                    '--train_dir=%s' % (tmp_path / 'train')])
+  # Watched as it runs: a launcher that starts its tasks is stopped at the first.
+  helpers.wait_until(lambda: launcher.process.poll() is not None or
+                     helpers.tasks_of(launcher.pid), 'the launcher to exit')
+  started = helpers.tasks_of(launcher.pid)
+  if started:
+    launcher.kill()
+    for pid in helpers.tasks_of(launcher.pid):
+      os.kill(pid, signal.SIGKILL)
+  assert not started, launcher.log()
+  assert launcher.finish() == 1, launcher.log()
+  assert [line for line in launcher.err_lines if line.startswith('error')] == [
+      line for line in launcher.err_lines if line.strip()][-1:], launcher.log()
+  assert re.match(r'^error: --local_cluster=1,100000 starts 100001 TensorFlow tasks, about '
+                  r'45000\.4 GB of memory \(100001 x 450 MB, what one task was measured to '
+                  r'use\), and this machine has [\d.]+ GB available; start at most \d+ here',
+                  launcher.err_lines[-1]), launcher.log()
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_local_cluster_launcher_killed_while_tasks_start_leaves_no_task(tasks, tmp_path):
+  # Each task sleeps before it runs a line of dist_train.py, as one still importing
+  # TensorFlow when its launcher is killed: Python runs sitecustomize at start-up.
+  site = tmp_path / 'site'
+  site.mkdir()
+  (site / 'sitecustomize.py').write_text(
+      'import os, time\nif os.environ.get(%r):  # a task, not the launcher\n  time.sleep(600)\n'
+      % local_cluster.DIE_WITH_LAUNCHER_ENV)
+  python_path = os.pathsep.join(filter(None, [str(site), os.environ.get('PYTHONPATH')]))
+  launcher = local_cluster_task(tasks, 1, 2, tmp_path / 'train', '--synthetic',
+                                env=helpers.user_env(PYTHONPATH=python_path))
+  helpers.wait_until(lambda: len(helpers.tasks_of(launcher.pid)) == 3, 'the 3 tasks',
+                     task=launcher)
+  launcher.send(signal.SIGKILL)
+  try:
+    helpers.wait_until(lambda: not helpers.tasks_of(launcher.pid), 'the exit of every task',
+                       timeout=10)
+  finally:
+    for pid in helpers.tasks_of(launcher.pid):
+      os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -656,6 +729,45 @@ def test_chief_failed_checkpoint_write_exits_1_saying_so(tasks, tmp_path):
                    r'large', launcher.text), launcher.log()
   assert not [n for n in os.listdir(str(tmp_path)) if 'tempstate' in n or
               n.startswith('model.ckpt')]
+
+
+@pytest.mark.slow
+def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=4, save_every_n_steps=2)
+  before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+            if n.startswith('model.ckpt-4')}
+  # Resumed under a file-size limit of 1 MB: no checkpoint (4 MB) can be written.
+  launcher = tasks(['prlimit', '--fsize=1000000', *helpers.Task.python_argv('dist_train.py'),
+                    '--local_cluster=1,1', '--train_dir=%s' % tmp_path, '--synthetic',
+                    '--summary_steps=0', '--max_steps=8', '--save_every_n_steps=2']
+                   + QUICK_FLAGS)
+  assert launcher.finish() == 1, launcher.log()
+  assert re.search(r'\[worker0\] error: cannot write checkpoint \S+model\.ckpt-6: File too '
+                   r'large.*the previous checkpoint, step 4, and the state file are untouched',
+                   launcher.text), launcher.log()
+  # It did not write the step it resumed from again, and what it says is so.
+  assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+          if n.startswith('model.ckpt-4')} == before
+  assert helpers.global_step(tmp_path) == 4
+  assert not [n for n in os.listdir(tmp_path) if n.startswith('model.ckpt-6')]
+
+
+@pytest.mark.slow
+def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=2, save_every_n_steps=2)
+  before = sorted(os.listdir(tmp_path))
+  ps_hosts, worker_hosts = (lambda h: (h[:1], h[1:]))(
+      ['127.0.0.1:%d' % p for p in local_cluster.free_ports(3)])
+  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path, '--max_steps=2']
+  # Each alone, as an orchestrator retrying a finished job starts them: none waits
+  # for the others (a ps would serve forever, a worker wait for the ps tasks).
+  for job_name, task_index in (('ps', 0), ('worker', 0), ('worker', 1)):
+    task = tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
+                                            flags))
+    assert task.finish(timeout=60) == 0, task.log()
+    assert ('%s %d: %s/model.ckpt-2 is at step 2, not below --max_steps=2: the job is '
+            'over, nothing to do.' % (job_name, task_index, tmp_path)) in task.text, task.log()
+  assert sorted(os.listdir(tmp_path)) == before  # no record, no checkpoint, no lock
 
 
 # ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----

@@ -1,4 +1,5 @@
 """MNIST, the book's second classic: its network, the same trainer, evaluation, the cluster."""
+import re
 import types
 
 import numpy as np
@@ -98,6 +99,29 @@ def test_flags_not_given_take_the_mnist_defaults(mnist_sample, tmp_path):
                       '--train_dir=%s' % (tmp_path / 'other'), '--data_md5=0123'])
   assert done.code == 1 and 'Drop --data_md5' in done.err, done.log()
   assert 'Traceback' not in done.err, done.log()
+
+
+@pytest.mark.slow
+def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_sample, tmp_path,
+                                                                        tasks):
+  # evaluation's checks one by one: tests/test_cifar10_eval.py; here mnist_eval.py's own line.
+  (tmp_path / 'file').write_text('not a directory\n')
+  refused = [
+      (['--eval_interval_secs=%d' % 10 ** 13],
+       r'^error: --eval_interval_secs must be 1\.\.604800 \(1 s to a week\), got 10000000000000;'),
+      (['--eval_dir=%s' % (tmp_path / 'file')], r'^error: --eval_dir=\S+ is not a directory'),
+      (['extra'], r"^error: unexpected argument 'extra': mnist_eval\.py takes flags only"),
+  ]
+  runs = [tasks(['mnist_eval.py', '--run_once', '--data_dir=%s' % mnist_sample,
+                 '--eval_dir=%s' % (tmp_path / 'eval'),
+                 '--checkpoint_dir=%s' % (tmp_path / 'train')] + flags)
+          for flags, _ in refused]
+  for run, (flags, expected) in zip(runs, refused):
+    assert run.finish() == 1, (flags, run.log())
+    errors = [line for line in run.err_lines if line.startswith('error')]
+    assert len(errors) == 1 and re.search(expected, errors[0]), (flags, run.log())
+    assert 'Traceback' not in run.err and run.out == '', (flags, run.log())
+  assert [p.name for p in tmp_path.iterdir()] == ['file']
 
 
 # dist_train.py --dataset=mnist: tests/test_dist_train.py's fp16 and float32 clusters.

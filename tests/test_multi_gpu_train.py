@@ -7,6 +7,7 @@ import socket
 import sys
 
 import numpy as np
+from absl import flags as absl_flags
 import pytest
 import tensorflow as tf
 
@@ -15,6 +16,7 @@ import helpers
 from training import input_lib
 import multi_gpu_train
 from training import checkpoints
+from training import settings as trainer_settings
 from training.settings import Settings
 from training.errors import TrainingError
 
@@ -389,3 +391,30 @@ def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path,
                       r'--max_steps 1 -> 2', changed), changed
   assert run(3, 16) == ['changed since run-%s: --max_steps 2 -> 3' % sorted(
       n for n in os.listdir(tmp_path) if n.startswith('run-'))[-2][4:]]
+
+
+def _checked(*argv):
+  """check_trainer_flags on this command line, with flags of their own: its exit message."""
+  flag_values = absl_flags.FlagValues()
+  trainer_settings.define_trainer_flags(multi_gpu_train.DATASET_DEFAULTS, 1, 10, 100, 1000,
+                                        flag_values=flag_values)
+  flag_values(['multi_gpu_train.py', *argv])
+  trainer_settings.apply_dataset_defaults(flag_values, multi_gpu_train.DATASET_DEFAULTS)
+  with pytest.raises(SystemExit) as stopped:
+    trainer_settings.check_trainer_flags(flag_values)
+  return str(stopped.value)
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('--num_gpus=4000', '--num_gpus must be at most 64 (towers: one per GPU, or per '
+                        'virtual CPU device where GPUs are fewer), got 4000'),
+    ('--max_steps=%d' % 2 ** 63, '--max_steps must be at most %d (the global step is an '
+                                 'int64), got %d' % (2 ** 63 - 1, 2 ** 63)),
+    ('--seed=%d' % 2 ** 64, '--seed must be 0 .. %d (an int64), got %d' % (2 ** 63 - 1,
+                                                                          2 ** 64)),
+    ('--intra_op_threads=100000', '--intra_op_threads must be at most 4096 (threads), got '
+                                  '100000'),
+    ('--batch_size=0', '--batch_size must be at least 1, got 0'),
+])
+def test_flag_out_of_range_stops_in_one_line_naming_it(flag, message):
+  assert _checked(flag) == 'error: ' + message

@@ -6,6 +6,7 @@ Errors are TrainingError, with a message that names the path or value, what is
 wrong and what to do; PeerGone asks the orchestrator for a restart.
 """
 import contextlib
+import os
 import re
 import sys
 
@@ -67,3 +68,19 @@ def os_error(e, path):
 def one_line(e):
   text = str(e).strip()
   return text.splitlines()[0] if text else type(e).__name__
+
+
+def refuse_arguments(argv):
+  """Stops the program in one line when its command line holds words that are not flags.
+
+  absl's app.run passes them to main() in argv[1:]; a main that ignored them would
+  run as if they were not there (`--run_once true`: a boolean flag takes no value).
+
+  Args:
+    argv: main()'s argv: the program, then what absl did not take as flags.
+  """
+  if len(argv) > 1:
+    sys.exit('error: unexpected argument%s %s: %s takes flags only (--name=value; a '
+             'boolean: --name or --noname)' % ('s' * (len(argv) > 2),
+                                               ' '.join(repr(a) for a in argv[1:]),
+                                               os.path.basename(argv[0])))

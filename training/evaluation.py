@@ -1,7 +1,7 @@
 """Precision @ 1 of a trainer's checkpoints: what cifar10_eval.py and mnist_eval.py share.
 
 Each program defines its flags with define_flags(its defaults) and calls
-main(FLAGS, model, data_input, trainer_command). The graph is built from code;
+main(options, model, data_input, trainer_command). The graph is built from code;
 the moving-average (shadow) values of the checkpoint are restored into it;
 every record of the chosen split is scored exactly once. The checkpoint
 directory is only read: never written, locked or deleted.
@@ -18,6 +18,9 @@ import tensorflow as tf
 from training import input_lib
 from training import onednn
 from training import checkpoints, errors
+
+MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
+                                        # Python's sleep overflows)
 
 
 class EvalError(Exception):
@@ -130,30 +133,25 @@ Options = collections.namedtuple('Options', [
     defaults=('test', False, True))
 
 
-def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-name
+def main(options, model, data_input, trainer_command,
          last_step=None):
   """Evaluates once (--run_once) or whenever a new checkpoint appears.
 
   Args:
-    FLAGS: the parsed flags of define_flags(), or an object with the same names.
+    options: the parsed flags of define_flags(), or an object with the same names.
     model, data_input: the data set's model package and input module.
     trainer_command: how to train for this directory, for the no-checkpoint message.
     last_step: int or None: return once a checkpoint at this global step or later
       has been scored (dist_train.py's evaluator: the training's --max_steps).
   """
-  if FLAGS.batch_size < 1:
-    sys.exit('error: --batch_size must be at least 1, got %d' % FLAGS.batch_size)
-  if os.path.realpath(FLAGS.eval_dir) == os.path.realpath(FLAGS.checkpoint_dir):
-    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
-             'program a directory of its own so it never writes among the trainer\'s '
-             'files.' % FLAGS.eval_dir)
+  check_flags(options)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   print(onednn.start_line())
   writer = None
   try:
-    data_input.prepare(FLAGS.data_dir, FLAGS.data_url, getattr(FLAGS, 'data_md5', None))
-    writer = _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command, last_step)
+    data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None))
+    writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
   except (EvalError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
   except KeyboardInterrupt:  # it only reads the checkpoints: nothing to save
@@ -164,26 +162,70 @@ def main(FLAGS, model, data_input, trainer_command,  # pylint: disable=invalid-n
       writer.close()
 
 
-def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa: N803
+def check_flags(options):
+  """Stops the program, in one line naming the flag, for a value it cannot run with.
+
+  main() calls it first, before anything is read, written or waited for: a bad
+  --eval_dir would otherwise fail only after the first score was printed.
+
+  Args:
+    options: the parsed flags of define_flags(), or an Options.
+  """
+  if options.batch_size < 1:
+    sys.exit('error: --batch_size must be at least 1, got %d; give the images per batch '
+             '(the last batch holds the rest)' % options.batch_size)
+  if not 1 <= options.eval_interval_secs <= MAX_EVAL_INTERVAL_SECS:
+    sys.exit('error: --eval_interval_secs must be 1..%d (1 s to a week), got %d; give the '
+             'seconds between looks for a new checkpoint' % (MAX_EVAL_INTERVAL_SECS,
+                                                              options.eval_interval_secs))
+  if os.path.exists(options.checkpoint_dir) and not os.path.isdir(options.checkpoint_dir):
+    sys.exit('error: --checkpoint_dir=%s is a file, not a directory; point it at the '
+             'trainer\'s --train_dir' % options.checkpoint_dir)
+  if os.path.realpath(options.eval_dir) == os.path.realpath(options.checkpoint_dir):
+    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
+             'program a directory of its own so it never writes among the trainer\'s '
+             'files.' % options.eval_dir)
+  why = _why_not_writable(options.eval_dir)
+  if why:
+    sys.exit('error: --eval_dir=%s %s; give a directory this user can write to (it is '
+             'created if missing)' % (options.eval_dir, why))
+
+
+def _why_not_writable(directory):
+  """Why this user can neither write to directory nor create it; None if it can."""
+  path = os.path.abspath(directory)
+  existing = path
+  while not os.path.lexists(existing):  # the nearest part of the path that exists
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return ('is not a directory' if existing == path else
+            'cannot be created: %s is not a directory' % existing)
+  if not os.access(existing, os.W_OK | os.X_OK):
+    return ('is not writable by this user' if existing == path else
+            'cannot be created: %s is not writable by this user' % existing)
+  return None
+
+
+def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
-  averages = 'moving averages' if FLAGS.use_moving_averages else 'raw weights'
+  averages = 'moving averages' if options.use_moving_averages else 'raw weights'
   writer, last_path, waited, went_away = None, None, False, None
   while True:
-    path = latest_checkpoint(FLAGS.checkpoint_dir)
-    if path is None and FLAGS.run_once:
+    path = latest_checkpoint(options.checkpoint_dir)
+    if path is None and options.run_once:
       raise EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s), or point '
                       '--checkpoint_dir at the trainer\'s --train_dir.'
-                      % (FLAGS.checkpoint_dir, trainer_command, FLAGS.checkpoint_dir))
+                      % (options.checkpoint_dir, trainer_command, options.checkpoint_dir))
     if path is None and not waited:
       print('No checkpoint in %s yet; checking every %d s.'
-            % (FLAGS.checkpoint_dir, FLAGS.eval_interval_secs))
+            % (options.checkpoint_dir, options.eval_interval_secs))
       waited = True
     if path is not None and path != last_path:
       try:
         precision, loss, count, step = evaluate(
-            path, FLAGS.data_dir, FLAGS.eval_data, FLAGS.batch_size,
-            FLAGS.use_moving_averages, model, data_input)
+            path, options.data_dir, options.eval_data, options.batch_size,
+            options.use_moving_averages, model, data_input)
       except (tf.errors.OpError, ValueError) as e:
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do. A path that went away twice is
@@ -197,9 +239,9 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
             'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
-                                     FLAGS.eval_data, averages, loss))
+                                     options.eval_data, averages, loss))
       sys.stdout.flush()
-      writer = writer or tf.compat.v1.summary.FileWriter(FLAGS.eval_dir)
+      writer = writer or tf.compat.v1.summary.FileWriter(options.eval_dir)
       writer.add_summary(tf.compat.v1.Summary(value=[
           tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
           # The trainer's tag: TensorBoard draws the test set's beside the training one.
@@ -208,6 +250,6 @@ def _evaluate_new_checkpoints(FLAGS, model, data_input, trainer_command,  # noqa
       last_path = path
       if last_step is not None and step >= last_step:
         return writer
-    if FLAGS.run_once:
+    if options.run_once:
       return writer
-    time.sleep(FLAGS.eval_interval_secs)
+    time.sleep(options.eval_interval_secs)

@@ -11,9 +11,10 @@ import tensorflow as tf
 
 from training import mixed_precision
 from training import onednn
-
 from training.directory import write_whole
 from training.errors import TrainingError
+
+RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')  # write_run_record's names
 
 
 def constants_of(module):
@@ -117,9 +118,6 @@ def changes_since(train_dir, record):
   if not changes:
     return None
   return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
-
-
-RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')
 
 
 def _shown(value):

@@ -27,6 +27,10 @@ DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, 
 
 # The flags a trainer takes from its --dataset when not given: {dataset: {flag: default}}.
 DATASET_FLAGS = ('batch_size', 'max_steps', 'train_dir', 'data_dir')
+# Ranges: what TensorFlow can hold, and what a machine can run.
+MAX_TOWERS = 64            # --num_gpus; beyond the GPUs seen, each tower is a CPU device
+MAX_THREADS = 4096         # --intra_op_threads, --inter_op_threads (ConfigProto's int32)
+MAX_INT64 = 2 ** 63 - 1    # --max_steps (the int64 global step), --seed (an int64 seed)
 
 
 class Settings(typing.NamedTuple):
@@ -53,63 +57,77 @@ class Settings(typing.NamedTuple):
 
 
 def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_steps,
-                         save_every_n_steps):
+                         save_every_n_steps, flag_values=flags.FLAGS):
   """The flags both trainers take, with the calling program's defaults.
 
   Args:
     dataset_defaults: {dataset: {'batch_size': .., 'max_steps': .., 'train_dir': ..,
       'data_dir': ..}}: what a flag of DATASET_FLAGS not given takes.
+    flag_values: where to define them (a test's own flags.FlagValues()).
   """
   def per_dataset(name):
     return ', '.join('%s for %s' % (d[name], key) for key, d in dataset_defaults.items())
   flags.DEFINE_enum('dataset', 'cifar10', list(DATASETS), 'The data set and its model; the '
-                    'flags below not given take its defaults.')
-  flags.DEFINE_integer('num_gpus', num_gpus, 'Number of towers (GPUs) to use.')
+                    'flags below not given take its defaults.', flag_values=flag_values)
+  flags.DEFINE_integer('num_gpus', num_gpus, 'Number of towers (GPUs) to use.',
+                       flag_values=flag_values)
   flags.DEFINE_integer('batch_size', None, 'Images per tower per step (default: %s).'
-                       % per_dataset('batch_size'))
+                       % per_dataset('batch_size'), flag_values=flag_values)
   flags.DEFINE_integer('max_steps', None, 'Global step at which to stop (default: %s).'
-                       % per_dataset('max_steps'))
+                       % per_dataset('max_steps'), flag_values=flag_values)
   flags.DEFINE_string('train_dir', None, 'Checkpoints and summaries go here (default: %s).'
-                      % per_dataset('train_dir'))
+                      % per_dataset('train_dir'), flag_values=flag_values)
   flags.DEFINE_string('data_dir', None, 'The data set\'s files (default: %s).'
-                      % per_dataset('data_dir'))
+                      % per_dataset('data_dir'), flag_values=flag_values)
   flags.DEFINE_string('data_url', None, 'Where to download the data (default: the '
-                      'official copy).')
+                      'official copy).', flag_values=flag_values)
   flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for a '
-                      'copy of your own (default: the official archive\'s).')
-  flags.DEFINE_integer('log_frequency', log_frequency, 'Steps between loss lines.')
-  flags.DEFINE_integer('summary_steps', summary_steps, 'Steps between summaries; 0: none.')
-  flags.DEFINE_integer('save_every_n_steps', save_every_n_steps, 'Steps between checkpoints.')
+                      'copy of your own (default: the official archive\'s).',
+                      flag_values=flag_values)
+  flags.DEFINE_integer('log_frequency', log_frequency, 'Steps between loss lines.',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('summary_steps', summary_steps, 'Steps between summaries; 0: none.',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('save_every_n_steps', save_every_n_steps, 'Steps between checkpoints.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('fresh', False, 'Start from step 0: move the checkpoints and event '
-                       'files already in --train_dir into a dated subdirectory first.')
+                       'files already in --train_dir into a dated subdirectory first.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('async_towers', False, 'Each tower applies its own gradients as soon '
-                       'as they are ready (asynchronous), one thread per tower.')
+                       'as they are ready (asynchronous), one thread per tower.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('use_fp16', False, 'Train the model using fp16: float16 towers over '
                        'float32 variables, with dynamic loss scaling '
-                       '(training/mixed_precision.py).')
+                       '(training/mixed_precision.py).', flag_values=flag_values)
   flags.DEFINE_boolean('use_bf16', False, 'bfloat16 towers over float32 variables, no loss '
                        'scale; needs bfloat16 units: a CPU with AVX512_BF16 or AMX and '
-                       'oneDNN on, or GPUs of compute capability 8.0 or more.')
+                       'oneDNN on, or GPUs of compute capability 8.0 or more.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
-                       'to time the compute alone.')
-  _define_session_flags()
+                       'to time the compute alone.', flag_values=flag_values)
+  _define_session_flags(flag_values)
   flags.DEFINE_integer('seed', None, 'Seed every random choice (initial weights, record '
                        'order, distortions) so that the same command repeats exactly, '
-                       'whatever the towers, and a resumed run equals an uninterrupted one.')
+                       'whatever the towers, and a resumed run equals an uninterrupted one.',
+                       flag_values=flag_values)
 
 
-def _define_session_flags():
-  flags.DEFINE_boolean('log_device_placement', False, 'Log the device of every op.')
+def _define_session_flags(flag_values):
+  flags.DEFINE_boolean('log_device_placement', False, 'Log the device of every op.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('allow_growth', False, 'Allocate GPU memory as needed instead of '
-                       'taking nearly all of it at start.')
+                       'taking nearly all of it at start.', flag_values=flag_values)
   flags.DEFINE_float('gpu_memory_fraction', 0.0, 'Cap on the share of each GPU\'s memory '
-                     'this process takes (per_process_gpu_memory_fraction); 0: no cap.')
-  flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.')
-  flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.')
+                     'this process takes (per_process_gpu_memory_fraction); 0: no cap.',
+                     flag_values=flag_values)
+  flags.DEFINE_integer('intra_op_threads', 0, 'Threads inside one op; 0: one per core.',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.',
+                       flag_values=flag_values)
   flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on '
                     'where measured faster for this model (x86 with AVX2), else '
                     'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
-                    'TensorFlow loads.')
+                    'TensorFlow loads.', flag_values=flag_values)
 
 
 def apply_dataset_defaults(flag_values, dataset_defaults):
@@ -127,14 +145,6 @@ def settings_from_flags(flag_values):
                                       for name in Settings._fields if name != 'session'})
 
 
-def refuse_arguments(argv):
-  """Stops the run on a stray word after the program's name (`--fresh false` is
-  --fresh and the word false, not --fresh=false)."""
-  if len(argv) > 1:
-    sys.exit('error: %s takes flags only, got the argument %r; a boolean flag takes '
-             '--flag=false, not --flag false' % (argv[0], argv[1]))
-
-
 def check_trainer_flags(flag_values, also_positive=()):
   """Stops the run, naming the flag, when a trainer flag is out of range.
 
@@ -149,8 +159,16 @@ def check_trainer_flags(flag_values, also_positive=()):
   if fv.data_md5 and not hasattr(DATASETS[fv.dataset].input, 'DATA_MD5'):
     sys.exit('error: --data_md5 names a copy of the CIFAR-10 archive; --dataset=%s reads '
              'files with their own published md5s. Drop --data_md5.' % fv.dataset)
-  if fv.seed is not None and fv.seed < 0:
-    sys.exit('error: --seed must be 0 or more, got %d' % fv.seed)
+  if fv.seed is not None and not 0 <= fv.seed <= MAX_INT64:
+    sys.exit('error: --seed must be 0 .. %d (an int64), got %d' % (MAX_INT64, fv.seed))
+  for name, most, why in (('num_gpus', MAX_TOWERS, 'towers: one per GPU, or per virtual '
+                           'CPU device where GPUs are fewer'),
+                          ('max_steps', MAX_INT64, 'the global step is an int64'),
+                          ('intra_op_threads', MAX_THREADS, 'threads'),
+                          ('inter_op_threads', MAX_THREADS, 'threads')):
+    if fv[name].value > most:
+      sys.exit('error: --%s must be at most %d (%s), got %d' % (name, most, why,
+                                                                fv[name].value))
   if fv.use_fp16 and fv.use_bf16:
     sys.exit('error: --use_fp16 and --use_bf16 each set what the towers compute in; pass '
              'one of the two.')

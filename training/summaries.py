@@ -1,4 +1,5 @@
-"""Event files for TensorBoard: the writer (a failed write said once) and text summaries."""
+"""TensorBoard: the summaries both trainers build, and the event files they write them to
+(a failed write said once, training goes on)."""
 import json
 import os
 import socket
@@ -8,6 +9,11 @@ import time
 import tensorflow as tf
 
 from training.errors import os_error
+
+# TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
+# name: these two come before the layers' conv1/, local3/, ...
+LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
+TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
 
 
 def text_summary(tag, record):
@@ -93,13 +99,6 @@ class SummaryWriter:
                        'file-size limit (ulimit -f) to keep them.\n'
                        % (self.path, os_error(e, self.path), step))
       sys.stderr.flush()
-
-
-# TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
-# name: these two come before the layers' conv1/, local3/, ...
-LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
-
-TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
 
 
 def build_summaries(watched, tower_losses, grads, lr, model, loss_scale=None):
