@@ -265,8 +265,10 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   if task_index == 0:  # before anything is written: a second chief stops here
     chief = startup.start(exit_stack, settings, data_input, stop_when_done=False)
     checkpoint, start_step = chief.checkpoint, chief.start_step
-  elif not settings.synthetic:
-    data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
+  else:
+    startup.check_precision(settings)  # the chief's startup.start() checks it too
+    if not settings.synthetic:
+      data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
   config = placement.session_config(num_cpu_devices, settings.session)
   # Only the ps tasks and this worker: no worker waits for another to start.
@@ -341,7 +343,8 @@ def build(run, settings, worker, data, epoch, record):
       snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
     towers = build_towers(next_batch, run.devices, opt, model, variables_device='',
-                          loss_scale=snapshot)
+                          loss_scale=snapshot, dtype=mixed_precision.compute_dtype(
+                              settings.use_fp16, settings.use_bf16))
     with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = average_gradients(towers.grads)
       all_finite = None
@@ -409,6 +412,8 @@ def print_start(run, graph, settings, model, epoch):
           'halved on an overflow by %s' % (
               mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
               'the chief' if graph.replicas_to_aggregate else 'the worker that had it'))
+  if settings.use_bf16:
+    print(mixed_precision.start_line(False, num_towers))
   if run.task_index == 0:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % settings.train_dir)

@@ -127,7 +127,7 @@ Towers = collections.namedtuple('Towers', [
 
 
 def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device='/cpu:0',
-                 loss_scale=None):
+                 loss_scale=None, dtype=tf.float32):
   """One replica of the model per device, all sharing one set of variables.
 
   Args:
@@ -138,26 +138,25 @@ def build_towers(next_batch, devices, optimizer, model=cifar10, variables_device
     model: the model package: inference, loss and its constants.
     variables_device: where the shared variables live; '' leaves them to an
       enclosing device function (a parameter-server replica_device_setter).
-    loss_scale: a mixed_precision.LossScale for float16 towers (--use_fp16), or
-      None: float32. The towers then compute in float16 on float16 casts of the
-      float32 variables, and take their gradients of the loss times the scale.
+    loss_scale: float16's mixed_precision.LossScale (gradients of the loss times it), or None.
+    dtype: the towers' compute dtype: tf.float32, or tf.float16 or tf.bfloat16 on casts of
+      the float32 variables (mixed_precision.cast_getter).
 
   Returns:
     Towers: each tower's loss (float32, unscaled) and gradients (float32; scaled
     by the loss scale, if any), in device order.
   """
   tower_grads, tower_losses = [], []
-  getter = mixed_precision.float16_getter if loss_scale else None
+  getter = mixed_precision.cast_getter(dtype)  # None for float32
   # A re-entered copy of the current scope, so that reuse ends with the loop (and,
-  # in float16, so that all towers, reusing, read through the one getter).
+  # in float16 or bfloat16, so that all towers, reusing, read through the one getter).
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), custom_getter=getter):
     for i, device in enumerate(devices):
       with tf.compat.v1.device(placement.place(device, variables_device)), \
           tf.name_scope('%s_%d' % (model.TOWER_NAME, i)) as scope:
         with tf.device('/cpu:0'):
           images, labels = next_batch()
-        if loss_scale:
-          images = tf.cast(images, tf.float16)
+        images = tf.cast(images, dtype)  # float32: images themselves, no op
         loss = tower_loss(scope, images, labels, model)  # float32 either way
         tf.compat.v1.get_variable_scope().reuse_variables()  # towers 1.. share tower 0's
         # fp16: gradients below float16's 6e-8 would be zero, so the loss is scaled up.
@@ -182,7 +181,7 @@ TrainGraph = collections.namedtuple('TrainGraph', [
 
 
 def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
-          summaries=True, use_fp16=False):
+          summaries=True, use_fp16=False, use_bf16=False):
   """train()'s graph, in the tutorial's order: rate, towers, average, apply, averages.
 
   Args:
@@ -190,8 +189,8 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
     batch_size: int, images per tower.
     examples_per_epoch: int, training records in one epoch (for the schedule).
     summaries: bool, build the TensorBoard summary op.
-    use_fp16: bool, float16 towers over float32 variables, with a dynamic loss
-      scale: a step whose averaged gradients overflow is skipped (training/mixed_precision.py).
+    use_fp16, use_bf16: bool, float16 towers over float32 variables with a dynamic loss
+      scale (a step whose gradients overflow is skipped), or bfloat16 towers without one.
 
   Returns:
     a TrainGraph.
@@ -203,7 +202,8 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
                   if use_fp16 else None)
-  towers = build_towers(next_batch, devices, opt, model, loss_scale=loss_scale)
+  towers = build_towers(next_batch, devices, opt, model, loss_scale=loss_scale,
+                        dtype=mixed_precision.compute_dtype(use_fp16, use_bf16))
   with tf.device('/cpu:0'):
     grads = average_gradients(towers.grads)
     ema = moving_averages(global_step, model)
@@ -232,7 +232,7 @@ AsyncTrainGraph = collections.namedtuple('AsyncTrainGraph', [
 
 
 def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
-                summaries=True, use_fp16=False):
+                summaries=True, use_fp16=False, use_bf16=False):
   """--async_towers: each tower applies its own gradients as soon as they are ready.
 
   Arguments as build()'s. Returns an AsyncTrainGraph; its summaries watch tower 0
@@ -244,7 +244,8 @@ def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar
     global_step = tf.compat.v1.train.get_or_create_global_step()
     lr, decay_steps = learning_rate(global_step, batch_size, examples_per_epoch, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
-  towers = build_towers(next_batch, devices, opt, model)
+  towers = build_towers(next_batch, devices, opt, model,
+                        dtype=mixed_precision.compute_dtype(False, use_bf16))
   with tf.device('/cpu:0'):
     ema = moving_averages(global_step, model)
     train_ops = [then_average(opt.apply_gradients(grads, global_step=global_step), ema)
@@ -281,7 +282,8 @@ def train(settings, stop=None, flag_values=None):
           settings.synthetic, settings.seed, inputs.first_batch(run))
       build_graph = build_async if settings.async_towers else build
       graph = build_graph(next_batch, devices, settings.batch_size, epoch.count, data.model,
-                          summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16)
+                          summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16,
+                          use_bf16=settings.use_bf16)
       record = write_start(graph, run, settings, data, devices, where, epoch, flag_values)
       config = placement.session_config(num_cpu_devices, settings.session)
       all_finite = checkpoints.all_variables_finite()  # what each save checks first
@@ -308,10 +310,8 @@ def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
       else '', startup.num_parameters()))
   startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'update',
                          data.model, settings)
-  if settings.use_fp16:
-    print('float16 towers, float32 variables; dynamic loss scale from %g (a resumed run '
-          'keeps its own), doubled after %d clean steps, halved on an overflow' % (
-              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD))
+  if settings.use_fp16 or settings.use_bf16:  # the towers' precision
+    print(mixed_precision.start_line(settings.use_fp16, settings.num_gpus))
   return record
 
 

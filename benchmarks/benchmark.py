@@ -23,6 +23,11 @@ The table, per number of towers N (global batch N x --batch_size):
   GFLOP/s, of mm    synthetic examples/sec x FLOPs per example, and that as a share
                     of the machine's measured float32 matmul rate
   peak MB           ru_maxrss of each configuration's process
+  bfloat16          on a CPU with bfloat16 units, at each N with oneDNN on: ours
+                    with --use_bf16 and both peers under Keras' mixed_bfloat16 policy
+                    (float32 variables, LRN and logits), from the same weights; printed
+                    with what each ratio compares (bfloat16 over bfloat16, and each
+                    over its own float32 rate)
 Rates are the median over --steps timed steps after --warmup, [slowest - fastest
 step]. Then what distribution costs (dist_rows.py: dist_train.py with one ps task
 and one or two workers on 127.0.0.1, against multi_gpu_train.py, from their own

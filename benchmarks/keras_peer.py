@@ -34,8 +34,13 @@ class LocalResponseNorm(keras.layers.Layer):
     return input_shape
 
 
-def build_model():
+def build_model(policy='float32'):
   """The tutorial's network up to the logits; build it inside strategy.scope().
+
+  Args:
+    policy: the layers' Keras dtype policy: 'float32', or 'mixed_bfloat16' (bfloat16
+      compute over float32 variables, as the trainer's --use_bf16). The LRN and the
+      logits stay float32 under either, as the trainer keeps them.
 
   Returns:
     keras.Model mapping float32 [batch, 24, 24, 3] to float32 logits [batch, 10].
@@ -45,26 +50,28 @@ def build_model():
   # wd * sum(w^2) / 2, hence the half.
   decay = keras.regularizers.L2(WEIGHT_DECAY / 2)
   images = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3), name='images')
-  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv1',
+  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv1', dtype=policy,
                     kernel_initializer=init.TruncatedNormal(stddev=5e-2),
                     bias_initializer=init.Constant(0.0))(images)
-  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool1')(x)
-  x = LocalResponseNorm(name='norm1')(x)
-  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv2',
+  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool1', dtype=policy)(x)
+  x = LocalResponseNorm(name='norm1', dtype='float32')(x)  # Keras casts its input
+  x = layers.Conv2D(64, 5, padding='same', activation='relu', name='conv2', dtype=policy,
                     kernel_initializer=init.TruncatedNormal(stddev=5e-2),
                     bias_initializer=init.Constant(0.1))(x)
-  x = LocalResponseNorm(name='norm2')(x)
-  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool2')(x)
-  x = layers.Flatten(name='flatten')(x)  # 6 x 6 x 64 = 2304 features
+  x = LocalResponseNorm(name='norm2', dtype='float32')(x)
+  x = layers.MaxPooling2D(3, strides=2, padding='same', name='pool2', dtype=policy)(x)
+  x = layers.Flatten(name='flatten', dtype=policy)(x)  # 6 x 6 x 64 = 2304 features
   x = layers.Dense(384, activation='relu', name='local3', kernel_regularizer=decay,
-                   kernel_initializer=init.TruncatedNormal(stddev=0.04),
+                   dtype=policy, kernel_initializer=init.TruncatedNormal(stddev=0.04),
                    bias_initializer=init.Constant(0.1))(x)
   x = layers.Dense(192, activation='relu', name='local4', kernel_regularizer=decay,
-                   kernel_initializer=init.TruncatedNormal(stddev=0.04),
+                   dtype=policy, kernel_initializer=init.TruncatedNormal(stddev=0.04),
                    bias_initializer=init.Constant(0.1))(x)
-  logits = layers.Dense(NUM_CLASSES, name='softmax_linear',
+  logits = layers.Dense(NUM_CLASSES, name='softmax_linear', dtype=policy,
                         kernel_initializer=init.TruncatedNormal(stddev=1 / 192.0),
                         bias_initializer=init.Constant(0.0))(x)
+  if policy != 'float32':  # the softmax and the loss in float32, as Keras' guide does it
+    logits = layers.Activation('linear', dtype='float32', name='logits')(logits)
   return keras.Model(images, logits, name='cifar10')
 
 

@@ -32,8 +32,8 @@ def build_trainer(config):
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
   pipeline's own prefetch; 0: none), summaries (build the summary op), seed
   (optional; real input through the trainer's --seed pipeline), dataset (optional:
-  a key of trainer_settings.DATASETS; default cifar10), use_fp16 (optional: the
-  trainer's --use_fp16 graph).
+  a key of trainer_settings.DATASETS; default cifar10), use_fp16, use_bf16 (optional:
+  the trainer's --use_fp16 or --use_bf16 graph).
 
   Returns:
     a Trainer.
@@ -55,7 +55,8 @@ def build_trainer(config):
   graph = multi_gpu_train.build(next_batch, devices, batch_size,
                                 data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
                                 summaries=config['summaries'],
-                                use_fp16=config.get('use_fp16', False))
+                                use_fp16=config.get('use_fp16', False),
+                                use_bf16=config.get('use_bf16', False))
   session_config = placement.session_config(num_cpu_devices, placement.SessionOptions(
       intra_op_threads=config['intra'], inter_op_threads=config['inter']))
   if config['xla']:

@@ -5,7 +5,8 @@ peer: keras_peer's custom training loop, a tf.function step under MirroredStrate
 fit: model.compile with Keras defaults and model.fit under MirroredStrategy, what
   most Keras users write.
 Both run on `towers` virtual CPU devices with the trainer's global batch, on
-in-memory synthetic input.
+in-memory synthetic input; config['policy'] 'mixed_bfloat16' (optional) builds the
+model under Keras' mixed_bfloat16 (keras_peer.build_model).
 """
 import time
 
@@ -38,7 +39,7 @@ def peer(config):
   global_batch = config['batch_size'] * config['towers']
   seed(config)
   with strategy.scope():
-    model = keras_peer.build_model()
+    model = keras_peer.build_model(config.get('policy', 'float32'))
     optimizer = keras.optimizers.SGD(learning_rate=keras_peer.LEARNING_RATE)
     optimizer.build(model.trainable_variables)
   initial_weights = start_weights(model, config)
@@ -105,7 +106,7 @@ def fit(config):
   global_batch = config['batch_size'] * config['towers']
   seed(config)
   with strategy.scope():
-    model = keras_peer.build_model()
+    model = keras_peer.build_model(config.get('policy', 'float32'))
     keras_peer.compile_with_defaults(model)
   initial_weights = start_weights(model, config)
   timer = BatchTimer()

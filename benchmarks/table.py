@@ -2,10 +2,11 @@
 
 Each repeat runs, in this order: the matmul under each oneDNN setting, the input
 pipeline alone, then at each N ours on synthetic input, the custom-loop peer and
-the model.fit peer, each with oneDNN off and then on, ours on real input (at its
-default) and, at N=1, ours on real input with --seed, so that a change in the
-machine's load shows in all of them alike; then the distribution rows
-(dist_rows.py). The targets (targets.py) come last: ours at its default oneDNN
+the model.fit peer, each with oneDNN off and then on, the same three in bfloat16
+with oneDNN on (ours --use_bf16, the peers under Keras' mixed_bfloat16; on CPUs with
+bfloat16 units only), ours on real input (at its default) and, at N=1, ours on real
+input with --seed, so that a change in the machine's load shows in all of them
+alike; then the distribution rows (dist_rows.py). The targets (targets.py) come last: ours at its default oneDNN
 against the peers at TensorFlow's (runner.OURS_ONEDNN, runner.TENSORFLOWS_ONEDNN);
 the table shows both peers under both settings, so the comparison at the same
 setting is there too.
@@ -16,11 +17,12 @@ import tempfile
 
 import dist_rows
 import targets
-from runner import (ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN, Runner, flatten, fmt,
-                    onednn_name, ours_config, rate, rate_stats, ratio, repeat_tag)
+from runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN, Runner,
+                    flatten, fmt, onednn_name, ours_config, rate, rate_stats, ratio, repeat_tag)
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
+BF16_POLICY = 'mixed_bfloat16'    # the peers' Keras policy in the bfloat16 rows
 MNIST_TOWERS = 2                  # the MNIST row: the book's 2 towers ...
 MNIST_BATCH_SIZE = 100            # ... of 100 images
 # The --use_fp16 row: at the table's first N only, synthetic input. On a CPU without
@@ -72,7 +74,8 @@ def run_table(args, data_dir):
   """
   settings = len(ONEDNN_SETTINGS)
   per_repeat = (settings + 3 + len(args.towers) * (
-      1 + settings * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
+      1 + settings * (1 if args.skip_peer else 1 + len(PEERS)) +
+      BF16_UNITS * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
   layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
@@ -84,6 +87,7 @@ def run_table(args, data_dir):
         dist_rows.run_repeat(args, runner, runs, repeat)
   table = summarise(args, runs, layers)
   print_table(args, table)
+  print_precisions(args, table)
   dist = None if args.skip_dist else dist_rows.summarise(args, runs)
   table.update(dist=dist, targets=targets.check(table['towers'], dist), runs=flatten(runs))
   return table
@@ -122,6 +126,15 @@ def run_repeat(args, data_dir, start_dir, runner, runs, repeat):
                                                                  onednn_name(on)),
             dict(kind=kind, towers=towers, onednn=on, init_seed=INIT_SEED, start_from=start,
                  **common))
+    if BF16_UNITS:  # from the same weights: the first losses agree to bfloat16's rounding
+      run(('bf16', towers), 'ours N=%d synthetic --use_bf16 oneDNN on' % towers,
+          ours_config(args, towers, 'synthetic', use_bf16=True, onednn=True,
+                      init_seed=INIT_SEED, start_from=start))
+      for kind, name in [] if args.skip_peer else PEERS:
+        run((kind + '_bf16', towers), '%s N=%d synthetic %s oneDNN on' % (
+            name, towers, BF16_POLICY), dict(kind=kind, towers=towers, onednn=True,
+                                            policy=BF16_POLICY, init_seed=INIT_SEED,
+                                            start_from=start, **common))
     run(('real', towers), 'ours N=%d real' % towers,
         ours_config(args, towers, 'real', data_dir))
     if towers == 1:
@@ -174,7 +187,8 @@ def summarise(args, runs, layers):
         achieved_gflops=achieved,
         fraction_of_matmul=achieved / matmul[bool(OURS_ONEDNN)],
         real_achieved_gflops=real['examples_per_sec'] * flops['total'] / 1e9,
-        pipeline_over_synthetic=ratio(pipeline, ours))
+        pipeline_over_synthetic=ratio(pipeline, ours),
+        bf16=bf16_row(runs, towers, by_setting))
     if towers == 1:
       rows['1']['seeded'] = rate_stats(runs['seeded'])
       rows['1']['seeded_over_unseeded'] = ratio(rows['1']['seeded'], real)
@@ -188,6 +202,28 @@ def summarise(args, runs, layers):
               fp16=dict(rate_stats(runs['fp16']), towers=args.towers[0],
                         over_float32=ratio(rate_stats(runs['fp16']),
                                            rows[str(args.towers[0])]['synthetic_default'])))
+
+
+def bf16_row(runs, towers, float32):
+  """The bfloat16 row at N, oneDNN on; None where it was not run (no bfloat16 units).
+
+  Args:
+    float32: {kind: {oneDNN setting: stats}} of the float32 runs at N.
+
+  Returns:
+    dict: synthetic (ours --use_bf16), peer, fit (under mixed_bfloat16; None with
+    --skip_peer): stats; ours_over_peer, ours_over_fit: bfloat16 over bfloat16;
+    over_float32: {kind: its bfloat16 rate over its own float32 rate at oneDNN on}.
+  """
+  if ('bf16', towers) not in runs:
+    return None
+  stats = dict(synthetic=rate_stats(runs[('bf16', towers)]),
+               **{kind: rate_stats(runs[(kind + '_bf16', towers)])
+                  if (kind + '_bf16', towers) in runs else None for kind in ('peer', 'fit')})
+  return dict(stats, ours_over_peer=ratio(stats['synthetic'], stats['peer']),
+              ours_over_fit=ratio(stats['synthetic'], stats['fit']),
+              over_float32={kind: ratio(stats[kind], float32[kind] and float32[kind][True])
+                            for kind in stats})
 
 
 def print_table(args, table):
@@ -249,8 +285,28 @@ def print_table(args, table):
   print('MNIST, the book\'s network (397,510 parameters), %d towers x %d images, synthetic '
         'input: %s examples/sec' % (MNIST_TOWERS, MNIST_BATCH_SIZE,
                                     rate(table['mnist']).strip()))
+
+
+def print_precisions(args, table):
+  """The --use_fp16 line, then the bfloat16 rows and which comparison each ratio is."""
   fp16 = table['fp16']
   print('--use_fp16, N=%d synthetic: %s examples/sec, %.2fx float32\'s synthetic rate: '
         'this CPU has no float16 arithmetic, so its float16 convolutions and matmuls run '
         'slower kernels than float32\'s, plus the casts; the gain is on GPUs with tensor '
         'cores' % (fp16['towers'], rate(fp16).strip(), fp16['over_float32']))
+  rows = [(towers, table['towers'][str(towers)]['bf16']) for towers in args.towers]
+  if not any(row for _, row in rows):
+    print('bfloat16: not run; this CPU has no bfloat16 units (no avx512_bf16 or amx_bf16)')
+    return
+  print()
+  print('bfloat16, oneDNN on: ours --use_bf16; the peers under Keras\' %s policy (float32 '
+        'variables, LRN and logits). ours/peer, ours/fit: bfloat16 over bfloat16; '
+        'bf16/f32: each over its own float32 rate above at oneDNN on' % BF16_POLICY)
+  print('towers  %-20s  %-20s  ours/peer  %-20s  ours/fit  bf16/f32 ours / peer / fit' % (
+      'ours bf16 ex/s', 'custom-loop peer', 'model.fit peer'))
+  for towers, row in rows:
+    print('%6d  %s  %s  %9s  %s  %8s  %s' % (
+        towers, rate(row['synthetic']), rate(row['peer']), fmt(row['ours_over_peer'], '%.2f'),
+        rate(row['fit']), fmt(row['ours_over_fit'], '%.2f'),
+        ' / '.join(fmt(row['over_float32'][kind], '%.2f') for kind in ('synthetic', 'peer',
+                                                                        'fit'))))

@@ -11,6 +11,7 @@ OF_MATMUL = 0.70            # ours' GFLOP/s at N = 1 / the float32 matmul rate, 
 REAL_OVER_SYNTHETIC = 0.95  # real input / synthetic input, every N
 SEEDED_OVER_UNSEEDED = 0.95  # real input with --seed / without, N = 1
 DIST_OVER_LOCAL = 0.9       # dist_train.py, 1 ps + 1 async worker / multi_gpu_train.py
+BF16_OVER_FLOAT32 = 1.3     # ours --use_bf16 / ours float32, both oneDNN on, synthetic, every N
 
 
 def check(rows, dist):
@@ -35,6 +36,9 @@ def check(rows, dist):
       ('seeded / unseeded real input at N=1', SEEDED_OVER_UNSEEDED, '%.2f',
        {'N=1': rows['1'].get('seeded_over_unseeded')} if '1' in rows else {}),
       ('dist_train.py 1 async worker / multi_gpu_train.py', DIST_OVER_LOCAL, '%.2f', one_worker),
+      ('ours bfloat16 / ours float32, every N', BF16_OVER_FLOAT32, '%.2f',
+       {'N=%s' % n: row['bf16']['over_float32']['synthetic'] for n, row in rows.items()
+        if row.get('bf16')}),
   ]
   print()
   print('Targets, each against what this run measured:')

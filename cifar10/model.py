@@ -17,10 +17,11 @@ cifar10/__init__.py, when called), and the model builds under the programs' own
 settings and under tf.compat.v1.disable_v2_behavior() alike.
 
 Mixed precision (training/mixed_precision.py, not imported here): called with
-float16 images under a variable scope whose custom getter returns float16 casts
-of the float32 variables, the convolutions and matmuls run in float16; LRN, the
-weight decay (on the float32 variables, _float32_value) and the logits stay
-float32. With float32 images and no getter the graph is exactly the float32 one.
+float16 or bfloat16 images under a variable scope whose custom getter returns casts
+of the float32 variables to that dtype, the convolutions and matmuls run in it;
+LRN, the weight decay (on the float32 variables, _float32_value) and the logits
+stay float32, whatever the dtype. With float32 images and no getter the graph is
+exactly the float32 one.
 """
 import numpy as np
 import tensorflow as tf
@@ -61,8 +62,8 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
       current name scope, so each tower collects its own copy.
 
   Returns:
-    float32 variable of `shape`; under a float16 custom getter
-    (training/mixed_precision.py's float16_getter), its float16 cast.
+    float32 variable of `shape`; under a casting custom getter
+    (training/mixed_precision.py's float16_getter, bfloat16_getter), its cast.
   """
   if bias_init is None:
     initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev)
@@ -78,19 +79,21 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
 def _float32_value(var):
   """The float32 value behind what get_variable returned, for the weight decay.
 
-  Without a custom getter, the variable itself. Under a float16 getter
-  (training/mixed_precision.py's float16_getter), get_variable returns
-  tf.cast(variable, tf.float16), and the float32 read that cast was made from is
+  Without a custom getter, the variable itself. Under a casting getter
+  (training/mixed_precision.py's float16_getter, bfloat16_getter), get_variable
+  returns tf.cast(variable, dtype), and the float32 read that cast was made from is
   its op's input: the decay taken on it rounds neither its value nor its gradient
-  to float16. That is the getter's side of the protocol: one tf.cast of the
-  float32 variable. mnist/model.py has the same helper: each model stands alone.
+  to the towers' dtype. That is the getter's side of the protocol: one tf.cast of
+  the float32 variable, whatever the dtype. mnist/model.py has the same helper:
+  each model stands alone.
   """
   if var.dtype.base_dtype == tf.float32:  # float32_ref under disable_v2_behavior()
     return var
   if var.op.type != 'Cast' or var.op.inputs[0].dtype.base_dtype != tf.float32:
     raise TypeError('%s is %s and not a cast of a float32 variable; a custom getter must '
                     'create the variables as float32 and return tf.cast(variable, dtype) '
-                    '(training/mixed_precision.py\'s float16_getter does)'
+                    '(training/mixed_precision.py\'s float16_getter and bfloat16_getter '
+                    'do)'
                     % (var.name, var.dtype.name))
   return var.op.inputs[0]
 
@@ -106,8 +109,9 @@ def lrn(x, name):
   oneDNN on) and agree with it to 3e-7 (tests/test_cifar10_model.py).
 
   Args:
-    x: [batch, height, width, channels], float32, or float16 under --use_fp16:
-      computed in float32 either way (TensorFlow's LRN GPU kernel was float32 only).
+    x: [batch, height, width, channels], float32, or float16 or bfloat16 (--use_fp16,
+      --use_bf16): computed in float32 whatever the dtype (TensorFlow's LRN GPU kernel
+      was float32 only, and the sums of squares want float32's precision).
     name: the name scope, 'norm1' or 'norm2'.
 
   Returns:
@@ -144,11 +148,12 @@ def inference(images):
   """Builds the network up to the logits.
 
   Args:
-    images: float32 [batch, 24, 24, 3], standardised per image; or float16, under
-      training/mixed_precision.py's float16_getter, to compute the layers in float16.
+    images: float32 [batch, 24, 24, 3], standardised per image; or float16 or
+      bfloat16, under training/mixed_precision.py's float16_getter or bfloat16_getter,
+      to compute the layers in that dtype.
 
   Returns:
-    logits: float32 [batch, 10], unnormalised (cast from float16 under the getter).
+    logits: float32 [batch, 10], unnormalised (cast from the towers' dtype).
   """
   with tf.compat.v1.variable_scope('conv1') as scope:
     kernel = _variable('weights', [5, 5, 3, 64], stddev=5e-2)

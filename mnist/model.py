@@ -5,9 +5,10 @@ L2-regularised, the regulariser's terms in the LOSSES collection. The book's
 reader casts the uint8 pixels to float without scaling them to 0..1, and its
 learning rate (0.001) is tuned for that: mnist_input.py does the same.
 
-Mixed precision (training/mixed_precision.py, not imported here): float16 pixels
-under its float16_getter run the matmuls in float16; the L2 terms (on the float32
-weights, _float32_value) and the logits stay float32.
+Mixed precision (training/mixed_precision.py, not imported here): float16 or
+bfloat16 pixels under its float16_getter or bfloat16_getter run the matmuls in that
+dtype; the L2 terms (on the float32 weights, _float32_value) and the logits stay
+float32, whatever the dtype.
 
 Nothing of the project is imported here (the data is mnist_input.py's), and the
 model builds under the programs' own settings and under
@@ -53,19 +54,21 @@ def get_weight_variable(shape, regularizer):
 def _float32_value(var):
   """The float32 value behind what get_variable returned, for the L2 terms.
 
-  Without a custom getter, the variable itself. Under a float16 getter
-  (training/mixed_precision.py's float16_getter), get_variable returns
-  tf.cast(variable, tf.float16), and the float32 read that cast was made from is
+  Without a custom getter, the variable itself. Under a casting getter
+  (training/mixed_precision.py's float16_getter, bfloat16_getter), get_variable
+  returns tf.cast(variable, dtype), and the float32 read that cast was made from is
   its op's input: the term taken on it rounds neither its value nor its gradient
-  to float16. That is the getter's side of the protocol: one tf.cast of the
-  float32 variable. cifar10/model.py has the same helper: each model stands alone.
+  to the towers' dtype. That is the getter's side of the protocol: one tf.cast of
+  the float32 variable, whatever the dtype. cifar10/model.py has the same helper:
+  each model stands alone.
   """
   if var.dtype.base_dtype == tf.float32:  # float32_ref under disable_v2_behavior()
     return var
   if var.op.type != 'Cast' or var.op.inputs[0].dtype.base_dtype != tf.float32:
     raise TypeError('%s is %s and not a cast of a float32 variable; a custom getter must '
                     'create the variables as float32 and return tf.cast(variable, dtype) '
-                    '(training/mixed_precision.py\'s float16_getter does)'
+                    '(training/mixed_precision.py\'s float16_getter and bfloat16_getter '
+                    'do)'
                     % (var.name, var.dtype.name))
   return var.op.inputs[0]
 
@@ -74,14 +77,15 @@ def inference(input_tensor, regularizer='l2'):
   """The book's forward pass.
 
   Args:
-    input_tensor: float32 [batch, 784], pixels 0..255; or float16, under
-      training/mixed_precision.py's float16_getter, to compute in float16.
+    input_tensor: float32 [batch, 784], pixels 0..255 (exact in float16 and bfloat16);
+      or float16 or bfloat16, under training/mixed_precision.py's float16_getter or
+      bfloat16_getter, to compute in that dtype.
     regularizer: callable weights -> scalar loss term; 'l2' (the default, what the
       trainer uses): l2_regularizer(REGULARIZATION_RATE); None: no term (the
       book's evaluation passes None).
 
   Returns:
-    logits: float32 [batch, 10] (cast from float16 under the getter).
+    logits: float32 [batch, 10] (cast from the towers' dtype).
   """
   if regularizer == 'l2':
     regularizer = l2_regularizer(REGULARIZATION_RATE)

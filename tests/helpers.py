@@ -435,6 +435,13 @@ def one_train_step(num_towers, images, labels, start_values=None, model=None):
   return before, after
 
 
+def bfloat16_units():
+  """training.mixed_precision.bfloat16_units_here(1): where it is not ok, --use_bf16
+  is refused and the tests that train in bfloat16 are skipped, saying why."""
+  from training import mixed_precision
+  return mixed_precision.bfloat16_units_here(1)
+
+
 # ---- A server on 127.0.0.1, for the download tests ---------------------------------------
 
 @contextlib.contextmanager

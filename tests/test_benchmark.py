@@ -10,6 +10,7 @@ import helpers
 
 sys.path.insert(0, os.path.join(helpers.ROOT, 'benchmarks'))  # the parent's modules
 import dist_rows  # noqa: E402  they import no TensorFlow
+import runner  # noqa: E402
 import targets  # noqa: E402
 
 TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
@@ -19,6 +20,9 @@ DIST_LABELS = [label for label, _, _ in dist_rows.RUNS][:-1]  # --quick's
 # Runs that start from the same weights and batch compute the same first loss but for
 # rounding (measured: equal to the last bit); a wrong model is off by 1e-3 and more.
 SAME_LOSS = 1e-4
+# bfloat16 rounds the activations to 8 bits: measured 1e-5 from float32's first loss
+# (the weight decay, most of it, stays float32), 5e-4 after three steps.
+BF16_SAME_LOSS = 2e-3
 TRAINER_LINE = '2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; 0.100 sec/batch)'
 WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; '
                '0.100 sec/batch) [worker %d, local step %d]')
@@ -57,7 +61,8 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
       'ours / custom-loop peer, every N', 'ours / model.fit peer, every N',
       'ours of matmul rate at N=1', 'real / synthetic input, every N',
       'seeded / unseeded real input at N=1',
-      'dist_train.py 1 async worker / multi_gpu_train.py']
+      'dist_train.py 1 async worker / multi_gpu_train.py',
+      'ours bfloat16 / ours float32, every N']
   # Each verdict follows from its goal and the value the table measured.
   row = table['towers']['1']
   expected = [(targets.OURS_OVER_PEER, 'N=1', row['ours_over_peer']),
@@ -67,6 +72,10 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
               (targets.SEEDED_OVER_UNSEEDED, 'N=1', row['seeded_over_unseeded']),
               (targets.DIST_OVER_LOCAL, 'async',
                table['dist']['dist_train.py 1 worker, async']['vs_multi_gpu_train'])]
+  if runner.BF16_UNITS:  # the bfloat16 row, where this CPU has the units
+    expected.append((targets.BF16_OVER_FLOAT32, 'N=1', row['bf16']['over_float32']['synthetic']))
+  else:
+    assert table['targets'][-1]['verdict'] == 'not measured' and row['bf16'] is None
   for target, (goal, where, value) in zip(table['targets'], expected):
     assert target['goal'] == goal and target['measured'] == {where: value}, target
     if value >= goal:
@@ -76,7 +85,8 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
                                                                      where)), target
     assert re.search('^  %s .*  %s$' % (re.escape(target['name']), re.escape(target['verdict'])),
                      stdout, re.M), target
-  assert set(table['targets'][-1]['measured']) == {'async'}  # the target's; sync printed
+  [dist] = [t for t in table['targets'] if t['name'].startswith('dist_train.py')]
+  assert set(dist['measured']) == {'async'}  # the target's; sync printed
 
 
 @pytest.mark.slow
@@ -100,6 +110,14 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
               'ours_over_fit_same_setting'):
     assert row[key] > 0, key
   assert table['mnist']['examples_per_sec'] > 0  # the book's network, 2 towers x 100
+  if runner.BF16_UNITS:  # ours --use_bf16 and the peers under mixed_bfloat16, oneDNN on
+    bf16 = row['bf16']
+    for kind in ('synthetic', 'peer', 'fit'):
+      assert 0 < bf16[kind]['min'] <= bf16[kind]['examples_per_sec'] <= bf16[kind]['max']
+      assert bf16['over_float32'][kind] == pytest.approx(
+          bf16[kind]['examples_per_sec'] / row[kind]['true']['examples_per_sec']), kind
+    assert bf16['ours_over_peer'] == pytest.approx(bf16['synthetic']['examples_per_sec'] /
+                                                   bf16['peer']['examples_per_sec'])
   # The ratios are of the rows' own rates.
   ours = row['synthetic_default']['examples_per_sec']
   assert row['real_over_synthetic'] == pytest.approx(row['real']['examples_per_sec'] / ours)
@@ -159,6 +177,15 @@ def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(qui
     assert fit['last_loss'] == pytest.approx(sum(ours['losses']) / len(ours['losses']),
                                              abs=SAME_LOSS)
   assert runs['model.fit peer N=1 synthetic oneDNN off']['jit_compile'] is False  # no GPU
+  if runner.BF16_UNITS:  # bfloat16, from the same weights: ours and the peers alike
+    ours = runs['ours N=1 synthetic --use_bf16 oneDNN on']
+    assert ours['config']['use_bf16'] and ours['config']['onednn'] is True
+    assert ours['first_loss'] == pytest.approx(start['first_loss'], abs=BF16_SAME_LOSS)
+    peer = runs['custom-loop peer N=1 synthetic mixed_bfloat16 oneDNN on']
+    fit = runs['model.fit peer N=1 synthetic mixed_bfloat16 oneDNN on']
+    assert peer['config']['policy'] == fit['config']['policy'] == 'mixed_bfloat16'
+    assert peer['losses'] == pytest.approx(ours['losses'], abs=BF16_SAME_LOSS)
+    assert fit['first_loss'] == pytest.approx(ours['first_loss'], abs=BF16_SAME_LOSS)
   assert runs['ours MNIST N=2 synthetic']['first_loss'] > 10  # unscaled pixels, as the book
   # Two workers: both trained --steps steps inside the window the rate comes from.
   two = runs['dist_train.py 2 workers, async']
@@ -237,14 +264,17 @@ def test_window_full_waits_until_every_worker_trained_steps_together():
 
 def test_targets_check_short_target_says_by_how_much(capsys):
   row = dict(ours_over_peer=1.50, ours_over_fit=1.5, fraction_of_matmul=0.75,
-             real_over_synthetic=0.96, seeded_over_unseeded=1.0)
+             real_over_synthetic=0.96, seeded_over_unseeded=1.0,
+             bf16=dict(over_float32=dict(synthetic=1.2, peer=1.0, fit=1.0)))
   dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.9),
           '1 worker sync': dict(workers=1, sync=True, vs_multi_gpu_train=0.6),  # not a target
           '2 workers': dict(workers=2, sync=False, vs_multi_gpu_train=0.1)}
-  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.7)}, dist)
+  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.7, bf16=None)}, dist)
   assert [r['verdict'] for r in results] == [
-      'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'met', 'met', 'met']
+      'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'met', 'met', 'met',
+      'SHORT by 7.7% (N=1: 1.20)']  # N=2 ran no bfloat16 row: not measured there
   assert 'N=1 1.50, N=2 1.70' in capsys.readouterr().out
+  assert targets.check({'1': dict(row, bf16=None)}, dist)[-1]['verdict'] == 'not measured'
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ import helpers
 
 # TF1 code ported to TF2 starts with disable_v2_behavior(): shapes hold Dimensions,
 # variables are ref variables. Each model builds and runs one forward pass in float32
-# and under the float16 getter (imported after the models: they must not need it).
+# and under the float16 and bfloat16 getters (imported after the models: they must not
+# need it).
 V1_BEHAVIOUR_SCRIPT = r'''
 import numpy as np
 import tensorflow as tf
@@ -24,11 +25,11 @@ from training import mixed_precision
 rng = np.random.default_rng(1)
 batches = {cifar10: rng.standard_normal((4, 24, 24, 3)), mnist: rng.integers(0, 256, (4, 784))}
 for model, batch in batches.items():
-  for dtype in (tf.float32, tf.float16):
+  for dtype in (tf.float32, tf.float16, tf.bfloat16):
     with tf.Graph().as_default():
       images = tf.compat.v1.placeholder(tf.float32, batch.shape)
       labels = tf.compat.v1.placeholder(tf.int32, [4])
-      getter = mixed_precision.float16_getter if dtype == tf.float16 else None
+      getter = mixed_precision.cast_getter(dtype)
       with tf.compat.v1.variable_scope('', custom_getter=getter):
         total_loss = model.loss(model.inference(tf.cast(images, dtype)), labels)
       with tf.compat.v1.Session() as sess:
@@ -100,13 +101,14 @@ def test_models_under_disable_v2_behavior_build_and_give_finite_losses():
   run = helpers.run([sys.executable, '-c', V1_BEHAVIOUR_SCRIPT])
   assert run.code == 0, run.log()
   losses = {(m.group(1), m.group(2)): float(m.group(3))
-            for m in re.finditer(r'^(\w+) (float\d+) loss (\S+)$', run.out, re.M)}
+            for m in re.finditer(r'^(\w+) (b?float\d+) loss (\S+)$', run.out, re.M)}
   assert set(losses) == {(model, dtype) for model in ('cifar10', 'mnist')
-                         for dtype in ('float32', 'float16')}, run.log()
+                         for dtype in ('float32', 'float16', 'bfloat16')}, run.log()
   assert all(np.isfinite(value) for value in losses.values()), losses
   # A fresh model: ln(10) = 2.30 of cross-entropy plus about 2.37 of weight decay.
   assert abs(losses['cifar10', 'float32'] - 4.68) < 0.1, losses
   assert abs(losses['cifar10', 'float16'] - 4.68) < 0.1, losses
+  assert abs(losses['cifar10', 'bfloat16'] - 4.68) < 0.1, losses
 
 
 def test_import_models_fresh_process_loads_no_training_distributed_or_program():

@@ -1016,6 +1016,22 @@ def test_sync_fp16_from_float32_checkpoint_chief_says_skips_global_step_waits(
   assert_float32_variables(checkpoint)
 
 
+BF16_UNITS = helpers.bfloat16_units()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not BF16_UNITS.ok, reason='--use_bf16 is refused here: %s' % BF16_UNITS.what)
+def test_local_cluster_bf16_worker_says_bfloat16_towers_checkpoint_float32(tasks, tmp_path):
+  logs = run_local_cluster(tasks, 1, 1, tmp_path, '--use_bf16', '--max_steps=5',
+                           '--summary_steps=0', *STEADY_FLAGS)
+  assert re.search(r'^bfloat16 towers on .+, float32 variables; LRN, softmax and loss in '
+                   r'float32; no loss scale$', '\n'.join(logs['worker0']), re.M), logs
+  assert int(matches(DONE_LINE, logs['worker0'])[0].group(3)) == 5
+  checkpoint = helpers.checkpoint(tmp_path)
+  assert checkpoint['global_step'] == 5 and not LOSS_SCALE_VARIABLES & set(checkpoint)
+  assert_float32_variables(checkpoint)
+
+
 def _diverging_copy(tmp_path):
   """A copy of the programs whose MNIST learning rate is 1e12: the loss diverges at once."""
   copy = tmp_path / 'diverging'

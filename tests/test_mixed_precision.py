@@ -1,11 +1,15 @@
-"""mixed_precision.py: float16 towers over float32 weights, the loss scale, the checkpoints.
+"""mixed_precision.py: float16 and bfloat16 towers over float32 weights, the loss scale,
+the checkpoints, where bfloat16 is refused.
 
 The towers run on virtual CPU devices; the CPU computes float16 slowly, so the
-batches are tiny. The toy run at the end measures that float16 learns:
+batches are tiny. The toy run measures that float16 learns, the last test that
+bfloat16 learns the MNIST sample as float32 does:
 
-    python -m pytest tests/test_mixed_precision.py -q -s -k toy_run
+    python -m pytest tests/test_mixed_precision.py -q -s -k "toy_run or bf16_mnist"
 """
 import collections
+import glob
+import json
 import os
 import re
 
@@ -15,7 +19,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-from training import evaluation
+from training import errors, evaluation, onednn, placement
 import helpers
 from training import mixed_precision
 import mnist
@@ -551,3 +555,178 @@ def test_trainer_fp16_with_async_towers_refused_naming_why(tmp_path):
   assert 'error: --use_fp16 cannot train --async_towers: the towers share one loss scale' in (
       done.err), done.log()
   assert os.listdir(tmp_path) == []
+
+
+# ---- --use_bf16: bfloat16 towers, no loss scale ------------------------------------
+# This CPU has AVX512_BF16 and oneDNN is on: bfloat16 is quicker than float32 here.
+# Elsewhere the trainer refuses --use_bf16, and the tests that train with it skip.
+
+BF16_UNITS = helpers.bfloat16_units()
+needs_bf16_units = pytest.mark.skipif(not BF16_UNITS.ok, reason='--use_bf16 is refused '
+                                      'here: %s' % BF16_UNITS.what)
+BF16_SEEDS = (1, 2, 3)  # the learning runs compared; one seed alone is noisy (see there)
+
+
+def _train_bf16(train_dir, data_dir, **kwargs):
+  _train(train_dir, data_dir, **dict(dict(use_fp16=False, use_bf16=True), **kwargs))
+
+
+@pytest.mark.parametrize('model', [cifar10, mnist], ids=['cifar10', 'mnist'])
+def test_trainer_bf16_graph_towers_bfloat16_lrn_loss_decay_variables_float32(model):
+  """multi_gpu_train.build's own graph with use_bf16, and one step of it."""
+  images, labels = _images(10, 2 * NUM_TOWERS, model)
+  batches = iter([(images[:2], labels[:2]), (images[2:], labels[2:])])
+  with tf.Graph().as_default() as graph:
+    tf.compat.v1.set_random_seed(1)
+    train = multi_gpu_train.build(lambda: tuple(map(tf.constant, next(batches))),
+                                  ['/cpu:0', '/cpu:1'], 2,
+                                  model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, model,
+                                  summaries=True, use_bf16=True)
+    ops = [op for op in graph.get_operations() if op.name.startswith('tower_1/')
+           and op.outputs and not op.name.startswith('tower_1/gradients')]
+    variables = tf.compat.v1.global_variables()
+    with tf.compat.v1.Session(config=CONFIG) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      before = _values(sess)
+      _, loss, _ = sess.run([train.train_op, train.loss, train.summary_op])
+      after = _values(sess)
+  dtypes = collections.defaultdict(set)
+  for op in ops:
+    dtypes[op.type, op.name.split('/')[1] in ('norm1', 'norm2')].add(op.outputs[0].dtype)
+  for op_type in ('Conv2D', 'MatMul') if model is cifar10 else ('MatMul',):
+    assert dtypes[op_type, False] == {tf.bfloat16}, (op_type, dtypes[op_type, False])
+  if model is cifar10:  # the normalisation's band matmuls and rsqrt in float32
+    assert dtypes['MatMul', True] == dtypes['Rsqrt', True] == {tf.float32}
+  assert dtypes['SparseSoftmaxCrossEntropyWithLogits', False] == {tf.float32}
+  decay_inputs = [op.inputs[0].op for op in ops if op.type == 'L2Loss']
+  assert decay_inputs and all(i.type == 'ReadVariableOp' and i.outputs[0].dtype == tf.float32
+                              for i in decay_inputs)
+  layer = 'conv1' if model is cifar10 else 'layer1'
+  cast = graph.get_tensor_by_name('%s/weights_bfloat16_1:0' % layer)  # tower 1's
+  assert cast.dtype == tf.bfloat16 and cast.op.inputs[0].dtype == tf.float32
+  # float32 variables and no loss scale: what a float32 graph holds, nothing more.
+  assert {v.op.name for v in variables if v.dtype.base_dtype != tf.float32} == {'global_step'}
+  assert train.loss_scale_update is None and train.update_op is not None
+  assert np.isfinite(loss) and (model is mnist or abs(loss - 4.68) < 0.1)
+  assert after.pop('global_step') == 1 and before.pop('global_step') == 0
+  for name in before:
+    assert np.isfinite(after[name]).all() and (after[name] != before[name]).any(), name
+
+
+def _run_record(train_dir, start_step):
+  [path] = glob.glob(str(train_dir / ('run-*-step%d.json' % start_step)))
+  with open(path) as f:
+    return json.load(f)
+
+
+@needs_bf16_units
+def test_trainer_bf16_checkpoint_float32_only_resumed_by_float32_fp16_and_back(
+    mnist_sample, tmp_path, capsys):
+  train_dir = tmp_path / 'train'
+  _train_bf16(train_dir, mnist_sample, max_steps=2)
+  out = capsys.readouterr().out
+  assert re.search(r'^bfloat16 towers on this CPU\'s \S+ through oneDNN, float32 variables; '
+                   r'LRN, softmax and loss in float32; no loss scale$', out, re.M), out
+  bf16 = helpers.checkpoint(train_dir)
+  assert {n: v.dtype for n, v in bf16.items() if v.dtype != np.float32} == {
+      'global_step': np.int64}
+  assert len(bf16) == 9  # 4 weights, their 4 moving averages, global_step: float32's own
+  assert _run_record(train_dir, 0)['precision'] == 'bfloat16 towers, float32 variables'
+  # bf16 -> float32 -> bf16 -> fp16 -> bf16, two steps each, resuming in one train_dir.
+  for use_fp16, use_bf16, steps in [(False, False, 4), (False, True, 6), (True, False, 8),
+                                    (False, True, 10)]:
+    _train(train_dir, mnist_sample, use_fp16=use_fp16, use_bf16=use_bf16, max_steps=steps)
+    out = capsys.readouterr().out
+    assert 'Resuming from %s at step %d' % (train_dir / ('model.ckpt-%d' % (steps - 2)),
+                                            steps - 2) in out, out
+    assert ('bfloat16 towers on' in out) == use_bf16 and ('float16 towers,' in out) == use_fp16
+    assert ('holds no loss scale' in out) == use_fp16  # a bf16 run's checkpoint has none
+    assert helpers.global_step(train_dir) == steps
+  assert _run_record(train_dir, 2)['precision'] == 'float32 towers, float32 variables'
+  last = helpers.checkpoint(train_dir)  # bf16's, from fp16's: the loss scale left behind
+  assert last.keys() == bf16.keys() and last['layer1/weights'].dtype == np.float32
+  assert _evaluate(train_dir, mnist_sample)[1] == 10
+
+
+@needs_bf16_units
+def test_trainer_bf16_async_towers_trains_each_tower_applying(mnist_sample, tmp_path, capsys):
+  _train_bf16(tmp_path, mnist_sample, async_towers=True, seed=None, max_steps=6)
+  out = capsys.readouterr().out
+  assert 'bfloat16 towers on' in out
+  assert re.search(r'^updates applied per tower: tower_0 \d+, tower_1 \d+; global step 6$',
+                   out, re.M), out
+  assert helpers.global_step(tmp_path) == 6
+
+
+def test_bfloat16_units_fake_cpuinfo_without_avx512_bf16_has_none(tmp_path):
+  cpuinfo = tmp_path / 'cpuinfo'
+  flags = 'processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni%s\n'
+  cpuinfo.write_text(flags % '')
+  without = onednn.cpu_flags(str(cpuinfo))
+  cpuinfo.write_text(flags % ' avx512_bf16')
+  with_bf16 = onednn.cpu_flags(str(cpuinfo))
+  units = mixed_precision.bfloat16_units
+  assert units(False, [], without, True) == (False, 'this CPU has no bfloat16 units (no '
+                                             'avx512_bf16 or amx_bf16 in /proc/cpuinfo), and '
+                                             'emulated bfloat16 runs slower than float32')
+  assert units(False, [], with_bf16, True) == (True, 'this CPU\'s AVX512_BF16 through oneDNN')
+  assert units(False, [], {'amx_bf16'}, True).ok
+  off = units(False, [], with_bf16, False)
+  assert not off.ok and off.what.endswith('turn it on (--onednn=on)')
+  # On GPUs, theirs decide: compute capability 8.0 or more, the CPU's flags aside.
+  assert units(True, [(8, 0), (8, 6)], without, False) == (
+      True, 'GPUs of compute capability 8.0, 8.6')
+  assert units(True, [(8, 0), (7, 5)], with_bf16, True) == (
+      False, 'GPU 1 has compute capability 7.5, and bfloat16 units came with 8.0 '
+      '(--use_fp16 suits it)')
+
+
+def test_trainer_bf16_cpu_without_bfloat16_units_refused_nothing_written(tmp_path,
+                                                                        monkeypatch):
+  cpuinfo = tmp_path / 'cpuinfo'
+  cpuinfo.write_text('processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n')
+  cpu_flags = onednn.cpu_flags
+  monkeypatch.setattr(onednn, 'cpu_flags', lambda path=str(cpuinfo): cpu_flags(path))
+  monkeypatch.setattr(placement, 'list_gpus', lambda: [])  # the towers on the CPU
+  with pytest.raises(errors.TrainingError) as raised:
+    _train_bf16(tmp_path / 'train', None, synthetic=True)
+  assert str(raised.value) == (
+      '--use_bf16: this CPU has no bfloat16 units (no avx512_bf16 or amx_bf16 in '
+      '/proc/cpuinfo), and emulated bfloat16 runs slower than float32. Drop --use_bf16 to '
+      'train in float32.')
+  assert not (tmp_path / 'train').exists()
+
+
+@pytest.mark.parametrize('flags, error', [
+    (['--use_bf16', '--use_fp16'], 'error: --use_fp16 and --use_bf16 each set what the towers '
+     'compute in; pass one of the two.'),
+    (['--use_bf16', '--onednn=off'], 'error: --use_bf16: ')], ids=['fp16', 'onednn_off'])
+def test_trainer_bf16_with_fp16_or_onednn_off_refused_in_one_line(tmp_path, flags, error):
+  done = helpers.run(['multi_gpu_train.py', '--synthetic', '--train_dir=%s' % (tmp_path / 'train')]
+                     + flags)
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
+  assert done.errors == [done.err.strip().splitlines()[-1]], done.log()
+  assert done.errors[0].startswith(error) and done.errors[0].endswith('.'), done.log()
+  assert not (tmp_path / 'train').exists()
+
+
+@pytest.mark.slow
+@needs_bf16_units
+def test_trainer_bf16_mnist_learns_sample_within_0_01_of_float32(mnist_sample, tmp_path):
+  """tests/test_mnist.py's learning run (2 x 100, 200 steps), in float32 and in bf16, at
+  three seeds; about 15 s. One seed alone is noisy: 0.01 is 5 of the sample's 500 test
+  records, and over seeds 1..10 bf16 - float32 measured -0.012 .. +0.016, mean -0.002."""
+  precisions = collections.defaultdict(list)
+  for seed in BF16_SEEDS:
+    for name, use_bf16 in (('float32', False), ('bf16', True)):
+      train_dir = tmp_path / ('%s-%d' % (name, seed))
+      _train(train_dir, mnist_sample, use_fp16=False, use_bf16=use_bf16, batch_size=100,
+             max_steps=200, log_frequency=100, seed=seed)
+      precision, step = _evaluate(train_dir, mnist_sample)
+      assert step == 200
+      precisions[name].append(precision)
+  for name, values in precisions.items():
+    print('%-7s precision @ 1 at seeds %s: %s, mean %.3f' % (
+        name, BF16_SEEDS, ' '.join('%.3f' % p for p in values), np.mean(values)))
+  assert min(precisions['bf16']) >= FP16_MNIST_PRECISION_GATE
+  assert abs(np.mean(precisions['bf16']) - np.mean(precisions['float32'])) < 0.01

@@ -1,12 +1,17 @@
-"""Mixed precision for the towers: float16 compute, float32 weights, dynamic loss scaling.
+"""Mixed precision for the towers: float16 or bfloat16 compute over float32 weights.
 
 The weights stay float32 (variables, moving averages, checkpoints). Each tower
-reads them through float16_getter, which hands the model float16 casts, so the
-convolutions and matmuls run in float16; the models keep LRN, the cross-entropy
-and the weight decay in float32. The gradients leave the tower as float32 (the
-gradient of a cast is a cast back).
+reads them through a custom getter (float16_getter, bfloat16_getter) that hands
+the model casts to the towers' dtype, so the convolutions and matmuls run in it;
+the models keep LRN, the cross-entropy and the weight decay in float32. The
+gradients leave the tower as float32 (the gradient of a cast is a cast back).
 
-float16 gradients underflow to zero below 6e-8, so each tower's loss is
+bfloat16 (--use_bf16) has float32's exponent range: nothing underflows that
+float32 would keep, so there is no loss scale, and its checkpoints are a float32
+run's. It is fast only on bfloat16 units (bfloat16_units): x86 CPUs with
+AVX512_BF16 or AMX, through oneDNN, and GPUs of compute capability 8.0 or more.
+
+float16 (--use_fp16) gradients underflow to zero below 6e-8, so each tower's loss is
 multiplied by the loss scale before its gradients are taken, and the averaged
 gradients are divided by it once. A step whose averaged gradients hold inf or
 NaN is skipped (variables, moving averages and global step untouched) and the
@@ -15,12 +20,12 @@ scale and its two counts (clean steps in a row, steps skipped) are variables,
 saved in the checkpoint. A skipped step still consumed a batch: a run resuming
 its seeded input starts at global step + skipped steps (checkpoint_skipped_steps).
 
-In the trainer's graph (sync towers):
+In the trainer's graph (sync towers; bfloat16: no loss_scale, nothing after the average):
 
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
-                                     custom_getter=mixed_precision.float16_getter):
+                                     custom_getter=mixed_precision.cast_getter(dtype)):
       for i, device in ...:                              # the tower loop
-        images = tf.cast(images, tf.float16)
+        images = tf.cast(images, dtype)                  # tf.float16 or tf.bfloat16
         loss = tower_loss(scope, images, labels, model)  # float32, unscaled
         grads = opt.compute_gradients(mixed_precision.scale_loss(loss, loss_scale))
     grads, all_finite = mixed_precision.unscale_and_check(average_gradients(tower_grads),
@@ -42,11 +47,17 @@ import collections
 
 import tensorflow as tf
 
+from training import onednn
+from training import placement
+
 # ---- Loss-scale knobs ------------------------------------------------------
 INITIAL_LOSS_SCALE = 2.0 ** 15    # 32768: the loss is multiplied by this at step 0
 LOSS_SCALE_PERIOD = 2000          # clean steps in a row after which the scale doubles
 MIN_LOSS_SCALE = 1.0              # halving on overflow stops here
 LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the loss scale's variables
+
+# ---- Where bfloat16 is fast: GPUs bfloat16_units accepts (CPUs: onednn.BFLOAT16_FLAGS)
+BFLOAT16_GPU_CAPABILITY = (8, 0)  # compute capability with bfloat16 tensor cores (A100 on)
 
 
 def float16_getter(getter, name, *args, **kwargs):
@@ -54,8 +65,9 @@ def float16_getter(getter, name, *args, **kwargs):
 
   Pass as variable_scope(..., custom_getter=float16_getter) around the towers.
   Every tower reads the one float32 variable through its own cast, named
-  tower_i/<layer>/<variable>_float16; the gradient flows back through the cast
-  as float32.
+  <layer>/<variable>_float16 beside the variable (tower i > 0 adds _i: the variable
+  store builds it outside the tower's name scope); the gradient flows back through
+  the cast as float32.
 
   The models, which import nothing of this package, take their weight decay on
   the float32 read this cast is made from: the Cast op's input (_float32_value
@@ -65,9 +77,44 @@ def float16_getter(getter, name, *args, **kwargs):
   Returns:
     float16 tensor of the variable's shape.
   """
+  return _cast_of_float32(getter, name, tf.float16, *args, **kwargs)
+
+
+def bfloat16_getter(getter, name, *args, **kwargs):
+  """float16_getter for bfloat16 towers (--use_bf16): the same one tf.cast of the
+  float32 variable, named <layer>/<variable>_bfloat16.
+
+  Returns:
+    bfloat16 tensor of the variable's shape.
+  """
+  return _cast_of_float32(getter, name, tf.bfloat16, *args, **kwargs)
+
+
+def _cast_of_float32(getter, name, compute_dtype, *args, **kwargs):
   kwargs['dtype'] = tf.float32
   var = getter(name, *args, **kwargs)
-  return tf.cast(var, tf.float16, name=name.split('/')[-1] + '_float16')
+  return tf.cast(var, compute_dtype, name='%s_%s' % (name, compute_dtype.name))
+
+
+def compute_dtype(use_fp16, use_bf16):
+  """The towers' dtype for the flags: tf.float16, tf.bfloat16, or tf.float32."""
+  return tf.float16 if use_fp16 else tf.bfloat16 if use_bf16 else tf.float32
+
+
+def cast_getter(dtype):
+  """The towers' custom getter for compute dtype `dtype`; None (no getter) for float32."""
+  return {tf.float16: float16_getter, tf.bfloat16: bfloat16_getter}.get(dtype)
+
+
+def start_line(use_fp16, num_towers):
+  """The start-up line of float16 towers (use_fp16), or of bfloat16 towers: what
+  computes them (bfloat16_units_here(num_towers))."""
+  if use_fp16:
+    return ('float16 towers, float32 variables; dynamic loss scale from %g (a resumed run '
+            'keeps its own), doubled after %d clean steps, halved on an overflow' % (
+                INITIAL_LOSS_SCALE, LOSS_SCALE_PERIOD))
+  return ('bfloat16 towers on %s, float32 variables; LRN, softmax and loss in float32; no '
+          'loss scale' % bfloat16_units_here(num_towers).what)
 
 
 LossScale = collections.namedtuple('LossScale', [
@@ -265,3 +312,55 @@ def checkpoint_skipped_steps(checkpoint_path):
   reader = tf.train.load_checkpoint(checkpoint_path)
   name = LOSS_SCALE_SCOPE + '/skipped_steps'
   return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0
+
+
+BFloat16Units = collections.namedtuple('BFloat16Units', [
+    'ok',    # bool: the towers' devices compute bfloat16 at speed
+    'what',  # str: what does ('this CPU's AVX512_BF16 through oneDNN'), or why not
+])
+
+
+def bfloat16_units(on_gpus, gpu_capabilities, cpu_flags, onednn_on):
+  """Whether the towers' devices have bfloat16 units. Pure: bfloat16_units_here() reads
+  the machine.
+
+  Without them bfloat16 is emulated, slower than float32: on this project's CPU,
+  whose AVX512_BF16 only oneDNN uses, the step took 10x float32's with oneDNN off.
+
+  Args:
+    on_gpus: bool, the towers run on GPUs (placement.tower_devices found enough).
+    gpu_capabilities: [(major, minor)], the compute capability of each tower's GPU.
+    cpu_flags: set of the CPU's /proc/cpuinfo flags (onednn.cpu_flags()).
+    onednn_on: oneDNN in this process (onednn.current().on): True, False or None.
+
+  Returns:
+    BFloat16Units.
+  """
+  if on_gpus:
+    for i, capability in enumerate(gpu_capabilities):
+      if tuple(capability) < BFLOAT16_GPU_CAPABILITY:
+        return BFloat16Units(False, 'GPU %d has compute capability %d.%d, and bfloat16 '
+                             'units came with %d.%d (--use_fp16 suits it)' % (
+                                 (i,) + tuple(capability) + BFLOAT16_GPU_CAPABILITY))
+    return BFloat16Units(True, 'GPUs of compute capability %s' % ', '.join(
+        sorted({'%d.%d' % tuple(capability) for capability in gpu_capabilities})))
+  found = [flag.upper() for flag in onednn.BFLOAT16_FLAGS if flag in cpu_flags]
+  if not found:
+    return BFloat16Units(False, 'this CPU has no bfloat16 units (no %s in /proc/cpuinfo), '
+                         'and emulated bfloat16 runs slower than float32'
+                         % ' or '.join(onednn.BFLOAT16_FLAGS))
+  if not onednn_on:
+    return BFloat16Units(False, 'oneDNN is off, and only oneDNN runs bfloat16 on this '
+                         'CPU\'s %s (without it, 10x slower than float32 here); turn it on '
+                         '(--onednn=on)' % '/'.join(found))
+  return BFloat16Units(True, 'this CPU\'s %s through oneDNN' % '/'.join(found))
+
+
+def bfloat16_units_here(num_towers):
+  """bfloat16_units() of this machine, for towers placed as placement.tower_devices
+  places them."""
+  gpus = placement.list_gpus()
+  on_gpus = len(gpus) >= num_towers
+  capabilities = [tf.config.experimental.get_device_details(gpu).get(
+      'compute_capability', (0, 0)) for gpu in gpus[:num_towers]] if on_gpus else []
+  return bfloat16_units(on_gpus, capabilities, onednn.cpu_flags(), onednn.current().on)

@@ -42,6 +42,9 @@ MEASURED_FASTER_WITH = 'avx2'        # ... and without them: measured faster, so
 MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off; the
                                      # issue's CPUs 1.52x, 1.33x, 1.40x (docs/performance.md)
 X86 = ('x86_64', 'amd64', 'i386', 'i686')
+# bfloat16 units (/proc/cpuinfo names): TensorFlow's CPU kernels use them through oneDNN
+# only (--use_bf16: training/mixed_precision.py's bfloat16_units).
+BFLOAT16_FLAGS = ('avx512_bf16', 'amx_bf16')
 
 Choice = collections.namedtuple('Choice', [
     'on',    # True or False: what TensorFlow does; None: TensorFlow's own default

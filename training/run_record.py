@@ -61,6 +61,8 @@ def describe(program_constants, flag_values, settings, devices, start_step, data
       ('constants', constants),
       ('tensorflow', tf.__version__),
       ('onednn', onednn.record()),
+      ('precision', '%s towers, float32 variables' % mixed_precision.compute_dtype(
+          settings.use_fp16, settings.use_bf16).name),
       ('devices', devices),
       ('data', data_read(data.input, settings)),
   ])

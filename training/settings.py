@@ -52,6 +52,7 @@ class Settings(typing.NamedTuple):
   fresh: bool = False
   async_towers: bool = False
   use_fp16: bool = False                        # float16 towers, float32 variables
+  use_bf16: bool = False                        # bfloat16 towers, float32 variables
   session: placement.SessionOptions = placement.SessionOptions()
 
 
@@ -98,6 +99,10 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
   flags.DEFINE_boolean('use_fp16', False, 'Train the model using fp16: float16 towers over '
                        'float32 variables, with dynamic loss scaling '
                        '(training/mixed_precision.py).', flag_values=flag_values)
+  flags.DEFINE_boolean('use_bf16', False, 'bfloat16 towers over float32 variables, no loss '
+                       'scale; needs bfloat16 units: a CPU with AVX512_BF16 or AMX and '
+                       'oneDNN on, or GPUs of compute capability 8.0 or more.',
+                       flag_values=flag_values)
   flags.DEFINE_boolean('synthetic', False, 'Feed random in-memory images instead of files, '
                        'to time the compute alone.', flag_values=flag_values)
   _define_session_flags(flag_values)
@@ -164,6 +169,9 @@ def check_trainer_flags(flag_values, also_positive=()):
     if fv[name].value > most:
       sys.exit('error: --%s must be at most %d (%s), got %d' % (name, most, why,
                                                                 fv[name].value))
+  if fv.use_fp16 and fv.use_bf16:
+    sys.exit('error: --use_fp16 and --use_bf16 each set what the towers compute in; pass '
+             'one of the two.')
   if fv.use_fp16 and fv.async_towers:
     sys.exit('error: --use_fp16 cannot train --async_towers: the towers share one loss '
              'scale, and one tower halving it while another is between scaling its loss '

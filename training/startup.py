@@ -8,8 +8,10 @@ import tensorflow as tf
 from training import checkpoints
 from training import directory
 from training import memory_check
+from training import mixed_precision
 from training import onednn
 from training import updates
+from training.errors import TrainingError
 
 
 TrainRun = collections.namedtuple('TrainRun', [
@@ -35,6 +37,7 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
   """
   train_dir = settings.train_dir
   directory.check_train_dir(train_dir)
+  check_precision(settings)
   locked = False
   if os.path.isdir(train_dir):  # before reading its checkpoints
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
@@ -53,6 +56,16 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
     directory.make_train_dir(train_dir)
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
   return TrainRun(train_dir, checkpoint, start_step)
+
+
+def check_precision(settings):
+  """--use_bf16 where the towers' devices have no bfloat16 units: a TrainingError, as
+  bfloat16 runs there slower than float32, not faster."""
+  if settings.use_bf16:
+    units = mixed_precision.bfloat16_units_here(settings.num_gpus)
+    if not units.ok:
+      raise TrainingError('--use_bf16: %s. Drop --use_bf16 to train in float32.'
+                          % units.what)
 
 
 def step_fetches(graph, async_towers):
