@@ -1,10 +1,11 @@
 """oneDNN on or off, chosen before TensorFlow is imported: it reads TF_ENABLE_ONEDNN_OPTS once.
 
-Every program calls choose(sys.argv) before its first `import tensorflow`:
+Every program calls choose(sys.argv) before its first `import tensorflow`, through
+training/prelude.py:
 
-    from training import onednn
+    from training import prelude
     if __name__ == '__main__':
-      onednn.choose(sys.argv)  # before TensorFlow is imported
+      prelude.start(sys.argv)  # Python 3.11+, then onednn.choose(sys.argv), then TensorFlow
 
 Who wins, first first:
   1. TF_ENABLE_ONEDNN_OPTS set by the user: TensorFlow reads it, so it stands;
