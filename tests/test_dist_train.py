@@ -503,7 +503,7 @@ def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path)
 
 
 # ---- Preemption: a task stopped by a signal, restarted with the same command -------
-# docs/distributed.md's table "Preemption: signal, exit code, restart"; these are its
+# docs/distributed.md's table "Preemption: a signal to any task, then a restart": its
 # cells that failed before (sync: the chief's queue runner closed the token queue on
 # the ps as it stopped), and the async chief beside them.
 
