@@ -88,7 +88,7 @@ QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad f
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
-FINISHED_REPORT_SECS = 5     # a chief restarted after the end tells the ps tasks, if up
+FINISHED_REPORT_SECS = 5     # a worker started after the end tells the ps tasks, if up
 
 
 FLAGS = flags.FLAGS
@@ -596,8 +596,8 @@ def job_is_over(cluster, spec, settings):
   an orchestrator's retry of a finished job ends there). False otherwise.
 
   The job is over when --train_dir, as this task sees it, holds a checkpoint at
-  --max_steps. A chief restarted there tells the ps tasks it has finished (should
-  they still wait for it), for at most FINISHED_REPORT_SECS.
+  --max_steps. A worker started then tells the ps tasks it has finished (should they
+  still wait for it), for at most FINISHED_REPORT_SECS.
   """
   try:
     state = tf.train.get_checkpoint_state(settings.train_dir)
@@ -610,12 +610,13 @@ def job_is_over(cluster, spec, settings):
   print('%s: %s is at step %d, not below --max_steps=%d: the job is over, nothing to do. '
         'Raise --max_steps to train further.' % (who, state.model_checkpoint_path, step,
                                                  settings.max_steps), flush=True)
-  if cluster.job_name == 'worker' and cluster.task_index == 0:
+  if cluster.job_name == 'worker':
     try:
-      server = tf.compat.v1.train.Server(spec, job_name='worker', task_index=0)
+      server = tf.compat.v1.train.Server(spec, job_name='worker',
+                                         task_index=cluster.task_index)
     except tf.errors.OpError:
       return True  # its port is taken: nothing to tell
-    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), 0,
+    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), cluster.task_index,
                                 timeout_secs=FINISHED_REPORT_SECS)
   return True
 

@@ -6,10 +6,10 @@ the model.fit peer, each with oneDNN off and then on, the same three in bfloat16
 with oneDNN on (ours --use_bf16, the peers under Keras' mixed_bfloat16; on CPUs with
 bfloat16 units only), ours on real input (at its default) and, at N=1, ours on real
 input with --seed, so that a change in the machine's load shows in all of them
-alike; then the distribution rows (dist_rows.py). The targets (targets.py) come last: ours at its default oneDNN
-against the peers at TensorFlow's (runner.OURS_ONEDNN, runner.TENSORFLOWS_ONEDNN);
-the table shows both peers under both settings, so the comparison at the same
-setting is there too.
+alike; then the distribution rows (dist_rows.py). The targets (targets.py) come last:
+ours at its default oneDNN against the peers at TensorFlow's (runner.OURS_ONEDNN,
+runner.TENSORFLOWS_ONEDNN); the table shows both peers under both settings, so the
+comparison at the same setting is there too; and ours in bfloat16 against float32.
 """
 import os
 import statistics

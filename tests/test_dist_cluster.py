@@ -196,9 +196,10 @@ def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path)
   assert chief.finish() == 0, chief.log()
   late.send(signal.SIGCONT)
   assert late.finish() == 0, late.log()
-  assert ('worker 1: global step %d is not below --max_steps=%d: nothing to do'
-          % (MAX_STEPS, MAX_STEPS)) in late.text, late.log()
-  assert 'worker 1 done: 0 local steps, global step %d' % MAX_STEPS in late.lines
+  # It finds the job over (--train_dir at --max_steps), says so, and tells the ps.
+  assert ('worker 1: %s/model.ckpt-%d is at step %d, not below --max_steps=%d: the job is '
+          'over, nothing to do.' % (tmp_path, MAX_STEPS, MAX_STEPS, MAX_STEPS)
+          in late.text), late.log()
   assert ps.finish() == 0, ps.log()
   assert [line for line in ps.lines if line.startswith('ps task 0')][-3:] == [
       'ps task 0: worker 0 has finished (1 of 2)',
