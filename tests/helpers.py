@@ -526,3 +526,27 @@ def wait_until(condition, what, task=None, timeout=WAIT_SECS):
       raise AssertionError('no %s within %d s%s' % (what, timeout,
                                                      ': ' + task.log() if task else ''))
     time.sleep(0.001)
+
+
+def trainer_flags(*argv):
+  """multi_gpu_train.py's flags parsed from argv, on flags of their own (not absl's
+  global FLAGS), the data set's defaults applied: what check_trainer_flags reads."""
+  from absl import flags
+  import multi_gpu_train
+  from training import settings
+  flag_values = flags.FlagValues()
+  settings.define_trainer_flags(multi_gpu_train.DATASET_DEFAULTS, 1, 10, 100, 1000,
+                                flag_values=flag_values)
+  flag_values(['multi_gpu_train.py', *argv])
+  settings.apply_dataset_defaults(flag_values, multi_gpu_train.DATASET_DEFAULTS)
+  return flag_values
+
+
+def assert_each_refused_in_one_line(runs, refused):
+  """Each run (a Task) of a program given refused[i] = (flags, pattern) exits 1 with
+  one error line matching pattern, no traceback and nothing on stdout."""
+  for run, (flags, expected) in zip(runs, refused):
+    assert run.finish() == 1, (flags, run.log())
+    errors = [line for line in run.err_lines if line.startswith('error')]
+    assert len(errors) == 1 and re.search(expected, errors[0]), (flags, run.log())
+    assert 'Traceback' not in run.err and run.out == '', (flags, run.log())

@@ -1,7 +1,6 @@
 """cifar10_eval.py and the trainer's summaries: evidence that training learns."""
 import glob
 import os
-import re
 import signal
 import types
 
@@ -228,11 +227,7 @@ def test_eval_program_bad_command_line_exits_1_in_one_line_writing_nothing(sampl
   runs = [tasks(['cifar10_eval.py', '--run_once', *sample.flags, '--eval_dir=%s' % (
       tmp_path / 'eval'), '--checkpoint_dir=%s' % (tmp_path / 'train')] + flags)
           for flags, _ in refused]
-  for run, (flags, expected) in zip(runs, refused):
-    assert run.finish() == 1, (flags, run.log())
-    errors = [line for line in run.err_lines if line.startswith('error')]
-    assert len(errors) == 1 and re.search(expected, errors[0]), (flags, run.log())
-    assert 'Traceback' not in run.err and run.out == '', (flags, run.log())
+  helpers.assert_each_refused_in_one_line(runs, refused)
   assert os.listdir(tmp_path) == ['file']
 
 

@@ -13,7 +13,6 @@ import json
 import os
 import re
 
-from absl import flags as absl_flags
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -700,13 +699,7 @@ def test_trainer_bf16_cpu_without_bfloat16_units_refused_nothing_written(tmp_pat
 
 
 def _check_flags(*argv):
-  """check_trainer_flags on multi_gpu_train.py's command line, on flags of their own."""
-  flag_values = absl_flags.FlagValues()
-  trainer_settings.define_trainer_flags(multi_gpu_train.DATASET_DEFAULTS, 1, 10, 100, 1000,
-                                        flag_values=flag_values)
-  flag_values(['multi_gpu_train.py', *argv])
-  trainer_settings.apply_dataset_defaults(flag_values, multi_gpu_train.DATASET_DEFAULTS)
-  trainer_settings.check_trainer_flags(flag_values)
+  trainer_settings.check_trainer_flags(helpers.trainer_flags(*argv))
 
 
 def test_check_flags_bf16_with_fp16_refused_in_one_line_with_async_towers_taken():

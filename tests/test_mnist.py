@@ -1,5 +1,4 @@
 """MNIST, the book's second classic: its network, the same trainer, evaluation, the cluster."""
-import re
 import types
 
 import numpy as np
@@ -116,11 +115,7 @@ def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_s
                  '--eval_dir=%s' % (tmp_path / 'eval'),
                  '--checkpoint_dir=%s' % (tmp_path / 'train')] + flags)
           for flags, _ in refused]
-  for run, (flags, expected) in zip(runs, refused):
-    assert run.finish() == 1, (flags, run.log())
-    errors = [line for line in run.err_lines if line.startswith('error')]
-    assert len(errors) == 1 and re.search(expected, errors[0]), (flags, run.log())
-    assert 'Traceback' not in run.err and run.out == '', (flags, run.log())
+  helpers.assert_each_refused_in_one_line(runs, refused)
   assert [p.name for p in tmp_path.iterdir()] == ['file']
 
 

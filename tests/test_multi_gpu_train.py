@@ -7,7 +7,6 @@ import socket
 import sys
 
 import numpy as np
-from absl import flags as absl_flags
 import pytest
 import tensorflow as tf
 
@@ -415,14 +414,9 @@ def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path,
 
 
 def _checked(*argv):
-  """check_trainer_flags on this command line, with flags of their own: its exit message."""
-  flag_values = absl_flags.FlagValues()
-  trainer_settings.define_trainer_flags(multi_gpu_train.DATASET_DEFAULTS, 1, 10, 100, 1000,
-                                        flag_values=flag_values)
-  flag_values(['multi_gpu_train.py', *argv])
-  trainer_settings.apply_dataset_defaults(flag_values, multi_gpu_train.DATASET_DEFAULTS)
+  """check_trainer_flags on this command line: its exit message."""
   with pytest.raises(SystemExit) as stopped:
-    trainer_settings.check_trainer_flags(flag_values)
+    trainer_settings.check_trainer_flags(helpers.trainer_flags(*argv))
   return str(stopped.value)
 
 
