@@ -24,6 +24,12 @@ import collections
 import re
 import sys
 
+try:  # in this project: TensorFlow's start-up notices kept to the log level, once
+  from training import prelude
+  prelude.import_tensorflow()
+except ImportError:  # copied beside a model elsewhere: TensorFlow as it comes
+  pass
+
 from absl import app
 from absl import flags
 from absl import logging
