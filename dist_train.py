@@ -600,16 +600,16 @@ def job_is_over(cluster, spec, settings):
   still wait for it), for at most FINISHED_REPORT_SECS.
   """
   try:
-    state = tf.train.get_checkpoint_state(settings.train_dir)
-  except (tf.errors.OpError, ValueError):
+    latest = (checkpoints.read_state_file(settings.train_dir) or [None])[0]
+  except errors.TrainingError:
     return False  # unreadable here: the task runs, and the chief's checks say why
-  step = state and checkpoints.checkpoint_step(state.model_checkpoint_path)
+  step = latest and checkpoints.checkpoint_step(latest)
   if step is None or step < settings.max_steps:
     return False
-  who = '%s %d' % (cluster.job_name, cluster.task_index)
-  print('%s: %s is at step %d, not below --max_steps=%d: the job is over, nothing to do. '
-        'Raise --max_steps to train further.' % (who, state.model_checkpoint_path, step,
-                                                 settings.max_steps), flush=True)
+  print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
+                                        startup.nothing_to_do(os.path.join(
+                                            settings.train_dir, latest), step,
+                                            settings.max_steps)), flush=True)
   if cluster.job_name == 'worker':
     try:
       server = tf.compat.v1.train.Server(spec, job_name='worker',

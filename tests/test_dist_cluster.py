@@ -197,8 +197,8 @@ def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path)
   late.send(signal.SIGCONT)
   assert late.finish() == 0, late.log()
   # It finds the job over (--train_dir at --max_steps), says so, and tells the ps.
-  assert ('worker 1: %s/model.ckpt-%d is at step %d, not below --max_steps=%d: the job is '
-          'over, nothing to do.' % (tmp_path, MAX_STEPS, MAX_STEPS, MAX_STEPS)
+  assert ('worker 1: the job is over: %s/model.ckpt-%d is at step %d, not below '
+          '--max_steps=%d: nothing to do.' % (tmp_path, MAX_STEPS, MAX_STEPS, MAX_STEPS)
           in late.text), late.log()
   assert ps.finish() == 0, ps.log()
   assert [line for line in ps.lines if line.startswith('ps task 0')][-3:] == [

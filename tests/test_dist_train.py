@@ -23,7 +23,7 @@ import dist_train
 import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFIX,
                      WORKER_LOSS_LINE, matches)
-from distributed import local_cluster
+from distributed import cluster_env, local_cluster
 import multi_gpu_train
 from training import checkpoints
 from training.settings import Settings
@@ -884,6 +884,25 @@ def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(ta
   assert not [n for n in os.listdir(tmp_path) if n.startswith('model.ckpt-6')]
 
 
+@pytest.mark.parametrize('state, over', [
+    ('model_checkpoint_path: "model.ckpt-4"\n', True),
+    ('model_checkpoint_path: "model.ckpt-3"\n', False),
+    ('not a state file {\n', False),  # the chief's checks say what is wrong with it
+    (None, False),
+], ids=['at-max', 'below', 'unreadable', 'none'])
+def test_job_is_over_only_at_max_steps_read_by_the_state_file_reader(tmp_path, capsys,
+                                                                     state, over):
+  if state is not None:
+    (tmp_path / 'checkpoint').write_text(state)
+  ps = cluster_env.Cluster(['127.0.0.1:1'], ['127.0.0.1:2'], 'ps', 0, 'flags', '')
+  settings = Settings(str(tmp_path), '', synthetic=True, max_steps=4)
+  assert dist_train.job_is_over(ps, None, settings) == over
+  said = capsys.readouterr().out
+  assert said == ('ps 0: the job is over: %s/model.ckpt-4 is at step 4, not below '
+                  '--max_steps=4: nothing to do. Raise --max_steps to train further.\n'
+                  % tmp_path if over else ''), said
+
+
 @pytest.mark.slow
 def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_path):
   train_in_process(tmp_path, max_steps=2, save_every_n_steps=2)
@@ -897,8 +916,9 @@ def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_p
     task = tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
                                             flags))
     assert task.finish(timeout=60) == 0, task.log()
-    assert ('%s %d: %s/model.ckpt-2 is at step 2, not below --max_steps=2: the job is '
-            'over, nothing to do.' % (job_name, task_index, tmp_path)) in task.text, task.log()
+    assert ('%s %d: the job is over: %s/model.ckpt-2 is at step 2, not below '
+            '--max_steps=2: nothing to do.' % (job_name, task_index, tmp_path)
+            in task.text), task.log()
   assert sorted(os.listdir(tmp_path)) == before  # no record, no checkpoint, no lock
 
 

@@ -47,8 +47,7 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
   for note in notes:
     print(note)
   if start_step >= settings.max_steps and stop_when_done:
-    print('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
-          'to train further.' % (checkpoint, start_step, settings.max_steps))
+    print(nothing_to_do(checkpoint, start_step, settings.max_steps))
     return None
   if not settings.synthetic:
     data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
@@ -66,6 +65,12 @@ def check_precision(settings):
     if not units.ok:
       raise TrainingError('--use_bf16: %s. Drop --use_bf16 to train in float32.'
                           % units.what)
+
+
+def nothing_to_do(checkpoint, step, max_steps):
+  """The line of a run whose checkpoint is already at max_steps (both trainers)."""
+  return ('%s is at step %d, not below --max_steps=%d: nothing to do. Raise --max_steps '
+          'to train further.' % (checkpoint, step, max_steps))
 
 
 def step_fetches(graph, async_towers):
