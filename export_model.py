@@ -43,9 +43,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
-from training import evaluation
-from training import placement
-from training import checkpoints
+from training import checkpoints, errors, evaluation, placement
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -91,10 +89,7 @@ def define_flags():
   flags.DEFINE_boolean('overwrite', False, 'Replace --export_dir when it holds a SavedModel '
                        'already, saying so. Without it an existing --export_dir is refused; '
                        'a directory that is not a SavedModel is refused even with it.')
-  flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. '
-                    'auto: on where measured faster for this model (x86 with AVX2), else '
-                    'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
-                    'TensorFlow loads.')
+  onednn.define_flag(__name__)
 
 
 class ExportError(Exception):
@@ -229,9 +224,9 @@ def write(sess, signature, export_dir, replacing, class_names):
       os.rename(staged, export_dir)
     done = True
   except (OSError, tf.errors.OpError) as e:
-    said = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().split('\n')[0]
     raise ExportError('cannot write the SavedModel %s: %s. Free some space, or name an '
-                      '--export_dir you can write to.' % (export_dir, said)) from None
+                      '--export_dir you can write to.' % (export_dir, errors.os_error(
+                          e, staged))) from None
   finally:
     shutil.rmtree(staging, ignore_errors=True)
     if created and not done:

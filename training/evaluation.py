@@ -54,10 +54,7 @@ def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
                        'Seconds between evaluations.')
   flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once and exit.')
   flags.DEFINE_integer('batch_size', batch_size, 'Images per batch.')
-  flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. '
-                    'auto: on where measured faster for this model (x86 with AVX2), else '
-                    'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
-                    'TensorFlow loads.')
+  onednn.define_flag(__name__)
   flags.DEFINE_boolean('use_moving_averages', True, 'Restore the moving averages of the '
                        'weights (as the tutorial and the book); false: the raw values.')
 

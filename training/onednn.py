@@ -43,6 +43,19 @@ MEASURED_FASTER_WITH = 'avx2'        # ... and without them: measured faster, so
 MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off; the
                                      # issue's CPUs 1.52x, 1.33x, 1.40x (docs/performance.md)
 X86 = ('x86_64', 'amd64', 'i386', 'i686')
+
+
+def define_flag(module_name, flag_values=None):
+  """--onednn, as every program takes it, defined as module_name's own (the caller's
+  __name__: its --helpshort lists it). choose() reads it from argv, before TensorFlow."""
+  from absl import flags  # absl only: this module is read before TensorFlow
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  if module_name == '__main__':  # absl names a program's own module after its file
+    module_name = sys.argv[0]
+  flags.DEFINE_enum('onednn', 'auto', CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on where '
+                    'measured faster for this model (x86 with AVX2), else TensorFlow\'s '
+                    'default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before TensorFlow '
+                    'loads.', flag_values=flag_values, module_name=module_name)
 # bfloat16 units (/proc/cpuinfo names): TensorFlow's CPU kernels use them through oneDNN
 # only (--use_bf16: training/mixed_precision.py's bfloat16_units).
 BFLOAT16_FLAGS = ('avx512_bf16', 'amx_bf16')

@@ -124,10 +124,7 @@ def _define_session_flags(flag_values):
                        flag_values=flag_values)
   flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.',
                        flag_values=flag_values)
-  flags.DEFINE_enum('onednn', 'auto', onednn.CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on '
-                    'where measured faster for this model (x86 with AVX2), else '
-                    'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
-                    'TensorFlow loads.', flag_values=flag_values)
+  onednn.define_flag(__name__, flag_values)
 
 
 def apply_dataset_defaults(flag_values, dataset_defaults):
