@@ -35,7 +35,7 @@ import cifar10
 from training import (checkpoints, directory, errors, inputs, mixed_precision, placement,
                       run_record, signals, startup, steps)
 from training import settings as trainer_settings
-from training.summaries import build_summaries, open_writer, write_summary
+from training.summaries import build_summaries, open_writer
 from training.updates import learning_rate, moving_averages, then_average
 
 # ---- Training knobs: edit, save, rerun ----------------------------------------
@@ -382,7 +382,7 @@ def loop(sess, run, graph, settings, stop):
     if step % settings.log_frequency == 0 or step == start_step + 1:
       steps.print_loss_line(step, loss_value, examples_per_sec, duration / settings.num_gpus)
     if summarize:  # with examples/sec: the median of the speeds noted since the last
-      write_summary(writer, results[3], step - 1)
+      writer.write_summary(results[3], step - 1)
       last_summary = step - 1
     elif writer:  # a step without summaries, as the console's are (most of them)
       writer.note_speed(examples_per_sec)
@@ -430,7 +430,7 @@ def loop_async(sess, run, graph, settings, stop):
           previous == run.start.start_step):
         steps.print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
       if summarize:
-        write_summary(writer, results[2], previous)
+        writer.write_summary(results[2], previous)
         last_summary = previous
       elif writer:
         writer.note_speed(examples_per_sec)
@@ -452,7 +452,7 @@ def finish(sess, run, graph, writer, last_saved, last_summary, stop):
   step = sess.run(graph.global_step)
   if writer:
     if step != last_summary:  # every run ends with a summary of where it stopped
-      write_summary(writer, sess.run(graph.summary_op), step)
+      writer.write_summary(sess.run(graph.summary_op), step)
     writer.close()
   if step not in (last_saved, run.start.start_step):  # a step taken, and not yet saved
     save(sess, run, step, last_saved)

@@ -246,7 +246,7 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
   and training goes on. The event file opens with the run record; then the
   summary op runs with the step every summary_steps global steps, and beside it
   examples_per_sec: the median of the chief's steps since the last summary that
-  computed none (summaries.write_summary), examples_per_step images each.
+  computed none (SummaryWriter.write_summary), examples_per_step images each.
   """
 
   def __init__(self, train_dir, summary_steps, summary_op, global_step, record,
@@ -276,7 +276,7 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
     duration = time.time() - self._started
     step = run_values.results['step']
     if 'summary' in run_values.results:
-      summaries.write_summary(self._writer, run_values.results['summary'], step)
+      self._writer.write_summary(run_values.results['summary'], step)
       self._last = step
     else:
       self._writer.note_speed(self._examples_per_step / duration)

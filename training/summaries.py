@@ -64,7 +64,7 @@ class SummaryWriter:
   def __init__(self, logdir, graph=None):
     self.path = new_event_file(logdir)
     self.failed = False
-    self.speeds = []  # examples/sec of the steps since the last summary (note_speed)
+    self._speeds = []  # examples/sec of the steps since the last summary (note_speed)
     self._writer = None
     self._write(tf.compat.v1.Event(wall_time=time.time(), file_version='brain.Event:2'),
                 step=0)
@@ -80,12 +80,22 @@ class SummaryWriter:
                                    summary=summary), int(global_step))
 
   def note_speed(self, examples_per_sec):
-    """A step that computed no summary ran at this speed; write_summary writes the median.
+    """A step that computed no summary ran at this speed; write_summary() writes the median.
 
     Not a summary step's own: it also computes every histogram, and ran 4-5x slower
     than the steps the console times (661 against 3,340 examples/sec on one run).
     """
-    self.speeds.append(examples_per_sec)
+    self._speeds.append(examples_per_sec)
+
+  def write_summary(self, summary, step):
+    """A summary op's value at `step`, with 2_training/examples_per_sec beside it: the
+    median of the speeds noted since the last (none noted: none written)."""
+    self.add_summary(summary, step)
+    if self._speeds:
+      self.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+          tag=TRAINING_TAGS + 'examples_per_sec', simple_value=float(np.median(self._speeds)))]),
+          step)
+      self._speeds = []
 
   def flush(self):
     """Each event is flushed as it is written; here for FileWriter's callers."""
@@ -154,17 +164,6 @@ def build_summaries(watched, tower_losses, grads, lr, model, loss_scale=None):
         [tf.raw_ops.ScalarSummary(tags=tag, values=value) for tag, value in scalars.items()] +
         [tf.raw_ops.HistogramSummary(tag=tag, values=value)
          for tag, value in histograms.items()])
-
-
-def write_summary(writer, summary, step):
-  """Writes a summary op's value at `step`, with 2_training/examples_per_sec beside it:
-  the median of the speeds the writer noted since the last (none noted: none written)."""
-  writer.add_summary(summary, step)
-  if writer.speeds:
-    writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-        tag=TRAINING_TAGS + 'examples_per_sec', simple_value=float(np.median(writer.speeds)))]),
-        step)
-    writer.speeds = []
 
 
 def open_writer(sess, run, summary_steps, record):
