@@ -1,26 +1,44 @@
-"""What one async dist_train.py step spends talking to the ps, without the model's compute.
+"""What one dist_train.py step costs beyond multi_gpu_train.py's, split into its parts.
 
     python benchmarks/ps_round_trip.py             # one ps task and this worker on 127.0.0.1
     python benchmarks/ps_round_trip.py --rounds 3  # a quick look
 
 Starts one ps task (a tf.distribute.Server in a subprocess) and, in this process,
 a worker of the same cluster that places the CIFAR-10 model's variables on the ps
-with replica_device_setter, as dist_train.py does. Then times, median of --rounds (ROUNDS):
+with replica_device_setter, as dist_train.py does. Then times, median of --rounds
+(ROUNDS), each kind in turn within every round:
+
+The transfers (first table):
   read      every trainable variable fetched to the worker (the reads a step makes)
   send      a worker-made gradient of every variable applied on the ps with SGD
   both      the two in one sess.run, as a step does
-  step      a plain SGD step of the model on a fixed batch of STEP_BATCH images:
-            compute on the worker, variables on the ps (no global step, no
-            moving averages, no hooks: what dist_train.py's worker adds to it)
-  local     the same with the variables on this worker, no ps
-both - local is what moving the variables costs each step, step - local what the
-plainest distributed step costs; benchmark.py's dist rows give dist_train.py's.
+
+The step (second table), one tower of STEP_BATCH images on a fixed batch, each row
+built from the programs' own functions (build_towers, average_gradients, the
+updates of worker_updates, the chief's hooks of worker_sessions) and adding one
+part to the row above it:
+  local          multi_gpu_train.py's step: apply, global step, moving averages
+  local plain    the towers and a plain SGD apply, no global step, no averages
+  ps plain       the same with the variables on the ps
+  + claim        the async global-step claim before the apply (count_up_to)
+  + averages     the moving averages after it, on the ps: async_update's step
+  + hooks        in a MonitoredSession with the chief's hooks, as dist_train.py's loop
+                 runs it: a step that neither logs a summary nor saves
+  summary step   the same on a step that writes the TensorBoard summaries
+  save step      the same on a step that saves a checkpoint
+  sync           SyncReplicasOptimizer's step, one worker (the chief), its hooks
+ps plain - local plain splits into moving the variables (both, via ps - local) and
+the distributed runtime's share (the rest).
 """
 import argparse
+import collections
+import contextlib
+import io
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,43 +49,183 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  after the path
 
 import cifar10  # noqa: E402
-from distributed import local_cluster  # noqa: E402
+import dist_train  # noqa: E402
+import multi_gpu_train  # noqa: E402
+from distributed import local_cluster, worker_sessions, worker_updates  # noqa: E402
+from training import checkpoints, summaries, updates  # noqa: E402
 
 ROUNDS = 30                       # timed sess.runs per kind, after WARMUP
-STEP_BATCH = 128                  # images of the step kind: one tower at the trainer's default
+STEP_BATCH = 128                  # images per step: one tower at the trainer's default
 WARMUP = 5
+EPOCH = 50000                     # examples per epoch, for the learning-rate schedule
+NEVER = 10 ** 9                   # a --max_steps, summary or save interval never reached
+WORKER = '/job:worker/task:0'
 PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
            '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
+TRANSFERS = ('read', 'send', 'both')
+STEPS = ('local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks',
+         'summary step', 'save step', 'sync')
+# What dist_train.py's worker passes to sync_update: itself, the only worker.
+SyncRun = collections.namedtuple('SyncRun', 'num_workers task_index')
+SyncWorker = collections.namedtuple('SyncWorker', 'replicas_to_aggregate')
 
 
-def build(device_setter):
-  """The model's variables, a read of each to the worker, an SGD send of a gradient each,
-  and a plain SGD step of the model: the kinds to time."""
-  rng = np.random.default_rng(0)
+def build_transfers(device_setter):
+  """The model's variables, a read of each to the worker, an SGD send of a gradient
+  each, and both: the transfer kinds to time."""
   with tf.compat.v1.device(device_setter):  # variables on the ps, the rest on the worker
-    images = tf.constant(rng.standard_normal((STEP_BATCH, 24, 24, 3), np.float32))
-    labels = tf.constant(rng.integers(0, 10, STEP_BATCH, np.int32))
-    total_loss = cifar10.loss(cifar10.inference(images), labels)
+    cifar10.inference(tf.zeros((1, 24, 24, 3)))
     variables = tf.compat.v1.trainable_variables()
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(1e-3)
-    step = optimizer.minimize(total_loss)
-  with tf.compat.v1.device('/job:worker/task:0' if device_setter else None):
-    reads = [tf.identity(v) * 1.0 for v in variables]
+  with tf.compat.v1.device(WORKER if device_setter else None):
+    reads = tf.group(*[tf.identity(v) * 1.0 for v in variables])
     grads = [tf.ones(v.shape) * 1e-9 for v in variables]
   send = optimizer.apply_gradients(zip(grads, variables))
-  reads = tf.group(*reads)
-  return variables, dict(read=reads, send=send, both=tf.group(reads, send), step=step)
+  return variables, dict(read=reads, send=send, both=tf.group(reads, send))
 
 
-def time_kinds(sess, ops, rounds):
-  times = {kind: [] for kind in ops}
+def fixed_batch():
+  rng = np.random.default_rng(0)
+  return (tf.constant(rng.standard_normal((STEP_BATCH, 24, 24, 3), np.float32)),
+          tf.constant(rng.integers(0, 10, STEP_BATCH, np.int32)))
+
+
+def build_step(kind, device_setter):
+  """One step of `kind` (STEPS) in the current graph: (fetches, hooks, summary op).
+
+  Hooks and a summary op only for the kinds dist_train.py's loop runs in a
+  MonitoredSession; None for the others.
+  """
+  if kind == 'local':
+    graph = multi_gpu_train.build(fixed_batch, ['/cpu:0'], STEP_BATCH, EPOCH, summaries=False)
+    return [graph.train_op, graph.loss], None, None
+  with tf.compat.v1.device(device_setter):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    lr, _ = updates.learning_rate(global_step, STEP_BATCH, EPOCH, cifar10)
+    opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+    towers = multi_gpu_train.build_towers(fixed_batch, ['/cpu:0'], opt,
+                                          variables_device='' if device_setter else '/cpu:0')
+    with tf.compat.v1.device('/cpu:0'):
+      grads = multi_gpu_train.average_gradients(towers.grads)
+      loss = tf.reduce_mean(tf.stack(towers.losses))
+    if kind in ('local plain', 'ps plain'):
+      return [opt.apply_gradients(grads), loss], None, None
+    if kind == '+ claim':
+      return ([worker_updates.claim_then_apply(opt, grads, global_step, NEVER), loss], None,
+              None)
+    ema = updates.moving_averages(global_step, cifar10)
+    if kind == 'sync':
+      train_op, step_after, hooks, _, _ = worker_updates.sync_update(
+          SyncRun(1, 0), SyncWorker(None), opt, grads, global_step, ema, NEVER)
+    else:
+      train_op, step_after, hooks, _, _ = worker_updates.async_update(
+          None, None, opt, grads, global_step, ema, NEVER)
+    if kind == '+ averages':
+      return [train_op, loss, step_after], None, None
+    summary_op = summaries.build_summaries([0], towers.losses, grads, lr, cifar10)
+    return ([train_op, loss, step_after], hooks + chief_hooks(kind, global_step, summary_op),
+            summary_op)
+
+
+def chief_hooks(kind, global_step, summary_op):
+  """dist_train.chief_hooks' two, saving or summarising every step for those kinds."""
+  train_dir = tempfile.mkdtemp(prefix='ps_round_trip_')
+  return [worker_sessions.SaveCheckpoints(
+              train_dir, 1 if kind == 'save step' else NEVER, 2, checkpoints.make_saver(),
+              global_step, checkpoints.all_variables_finite(), 'cifar10', None),
+          worker_sessions.WriteSummaries(
+              train_dir, 1 if kind == 'summary step' else NEVER, summary_op, global_step,
+              dict(start_step=0), STEP_BATCH)]
+
+
+def open_step(kind, cluster, target):
+  """(session, fetches, run options) for the step `kind`, in a graph of its own."""
+  remote = 'local' not in kind
+  with tf.Graph().as_default():
+    fetches, hooks, summary_op = build_step(kind, remote and tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device=WORKER))
+    if hooks is None:
+      sess = tf.compat.v1.Session(target if remote else '')
+      sess.run(tf.compat.v1.global_variables_initializer())
+      return sess, fetches, None
+    scaffold = tf.compat.v1.train.Scaffold(saver=checkpoints.make_saver(),
+                                           summary_op=summary_op)
+    sess = tf.compat.v1.train.MonitoredSession(
+        session_creator=tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold,
+                                                               master=target),
+        hooks=hooks, stop_grace_period_secs=dist_train.QUEUE_RUNNER_STOP_SECS)
+  # dist_train.run_step runs every step under the step timeout
+  return sess, fetches, tf.compat.v1.RunOptions(timeout_in_ms=3600 * 1000)
+
+
+def time_kinds(runs, rounds):
+  """{kind: median ms}: runs {kind: (session, fetches, run options)}, each kind once per
+  round, in turn, after WARMUP rounds."""
+  times = {kind: [] for kind in runs}
   for i in range(WARMUP + rounds):
-    for kind, op in ops.items():
+    for kind, (sess, fetches, options) in runs.items():
       start = time.perf_counter()
-      sess.run(op)
+      sess.run(fetches, options=options)
       if i >= WARMUP:
         times[kind].append(time.perf_counter() - start)
   return {kind: 1000 * statistics.median(t) for kind, t in times.items()}
+
+
+def time_transfers(cluster, target, rounds):
+  """({kind: ms via the ps}, {kind: ms local}, number of variables, their megabytes)."""
+  timed = []
+  for device_setter, master in ((tf.compat.v1.train.replica_device_setter(cluster=cluster),
+                                 target), (None, '')):
+    with tf.Graph().as_default():
+      variables, ops = build_transfers(device_setter)
+      with tf.compat.v1.Session(master) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        timed.append(time_kinds({kind: (sess, op, None) for kind, op in ops.items()}, rounds))
+  megabytes = sum(v.shape.num_elements() * 4 for v in variables) / 1e6
+  return timed[0], timed[1], len(variables), megabytes
+
+
+def time_steps(cluster, target, rounds):
+  """{kind: ms} for STEPS, interleaved."""
+  with contextlib.redirect_stdout(io.StringIO()):  # the save step's 'Saved checkpoint' lines
+    runs = {kind: open_step(kind, cluster, target) for kind in STEPS}
+    try:
+      return time_kinds(runs, rounds)
+    finally:
+      for sess, _, _ in runs.values():
+        sess.close()
+
+
+def print_transfers(remote, local, num_variables, megabytes, rounds):
+  print('%d variables, %.1f MB; ms per sess.run, median of %d' % (num_variables, megabytes,
+                                                                  rounds))
+  print('%-6s %10s %10s' % ('', 'via ps', 'local'))
+  for kind in TRANSFERS:
+    print('%-6s %10.2f %10.2f' % (kind, remote[kind], local[kind]))
+
+
+def print_split(step, transfer):
+  """The step table: each row, and what it adds to the one it builds on."""
+  ms = lambda kind, base: '%8.2f %+8.2f' % (step[kind], step[kind] - step[base])
+  runtime = step['ps plain'] - step['local plain'] - transfer
+  print()
+  print('One step of %d images on 1 tower, ms per sess.run, and what it adds:' % STEP_BATCH)
+  rows = [
+      ('local: multi_gpu_train.py\'s step', '%8.2f' % step['local']),
+      ('local plain: no global step, no averages', ms('local plain', 'local')),
+      ('ps plain: variables on the ps', ms('ps plain', 'local plain')),
+      ('  moving the variables (both, via ps - local)', '%17.2f' % transfer),
+      ('  the distributed runtime (the rest)', '%17.2f' % runtime),
+      ('+ claim: count_up_to before the apply', ms('+ claim', 'ps plain')),
+      ('+ averages: async_update\'s step', ms('+ averages', '+ claim')),
+      ('+ hooks: MonitoredSession, chief\'s hooks', ms('+ hooks', '+ averages')),
+      ('summary step: the same, writing summaries', ms('summary step', '+ hooks')),
+      ('save step: the same, saving a checkpoint', ms('save step', '+ hooks')),
+      ('sync: SyncReplicasOptimizer, its hooks', ms('sync', '+ hooks'))]
+  for label, numbers in rows:
+    print('%-46s %s' % (label, numbers))
+  print('an async step (+ hooks) runs at %.2fx multi_gpu_train.py\'s rate; a sync step at '
+        '%.2fx' % (step['local'] / step['+ hooks'], step['local'] / step['sync']))
 
 
 def main(argv):
@@ -77,33 +235,19 @@ def main(argv):
   if rounds < 1:
     parser.error('--rounds must be at least 1, got %d' % rounds)
   tf.compat.v1.disable_eager_execution()
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
   ps_port, worker_port = local_cluster.free_ports(2)
   ps, worker = '127.0.0.1:%d' % ps_port, '127.0.0.1:%d' % worker_port
   ps_task = subprocess.Popen([sys.executable, '-c', PS_CODE, ps, worker])
   try:
     cluster = tf.train.ClusterSpec({'ps': [ps], 'worker': [worker]})
     server = tf.distribute.Server(cluster, 'worker', 0)
-    with tf.Graph().as_default():
-      variables, ops = build(tf.compat.v1.train.replica_device_setter(cluster=cluster))
-      with tf.compat.v1.Session(server.target) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        remote = time_kinds(sess, ops, rounds)
-    with tf.Graph().as_default():
-      _, ops = build(None)
-      with tf.compat.v1.Session() as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
-        local = time_kinds(sess, ops, rounds)
+    remote, local, num_variables, megabytes = time_transfers(cluster, server.target, rounds)
+    step = time_steps(cluster, server.target, rounds)
   finally:
     ps_task.kill()
-  megabytes = sum(v.shape.num_elements() * 4 for v in variables) / 1e6
-  print('%d variables, %.1f MB; ms per sess.run, median of %d' % (len(variables), megabytes,
-                                                                  rounds))
-  print('%-6s %10s %10s' % ('', 'via ps', 'local'))
-  for kind in ('read', 'send', 'both', 'step'):
-    print('%-6s %10.2f %10.2f' % (kind, remote[kind], local[kind]))
-  print('the ps costs %.1f ms per step (both, via ps - local); a plain SGD step of %d images '
-        '%.1f ms more (step, via ps - local)' % (remote['both'] - local['both'], STEP_BATCH,
-                                                remote['step'] - local['step']))
+  print_transfers(remote, local, num_variables, megabytes, rounds)
+  print_split(step, remote['both'] - local['both'])
 
 
 if __name__ == '__main__':

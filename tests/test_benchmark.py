@@ -298,16 +298,24 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_both_settings(tmp_pat
 
 
 @pytest.mark.slow
-def test_ps_round_trip_times_reads_and_sends_through_a_ps_task():
+def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts():
   run = helpers.run(['benchmarks/ps_round_trip.py', '--rounds=3'], timeout=TIMEOUT_SECS)
   assert run.code == 0, run.log()
   assert '10 variables, 4.3 MB; ms per sess.run, median of 3' in run.out
-  rows = dict(re.findall(r'^(read|send|both|step) +([\d.]+ +[\d.]+)$', run.out, re.M))
-  assert sorted(rows) == ['both', 'read', 'send', 'step']
+  rows = dict(re.findall(r'^(read|send|both) +([\d.]+ +[\d.]+)$', run.out, re.M))
+  assert sorted(rows) == ['both', 'read', 'send']
   for kind, pair in rows.items():
     via_ps, local = map(float, pair.split())
-    assert via_ps > 0 and local > 0, kind
-    if kind != 'step':  # 4.3 MB through gRPC costs more than in memory (a step: noise)
-      assert via_ps > local, kind
-  assert re.search(r'^the ps costs [\d.]+ ms per step .*; a plain SGD step of 128 images '
-                   r'-?[\d.]+ ms more', run.out, re.M)
+    assert via_ps > local > 0, kind  # 4.3 MB through gRPC costs more than in memory
+  split = re.findall(r'^(local|local plain|ps plain|\+ claim|\+ averages|\+ hooks|summary step|'
+                     r'save step|sync): .* +([\d.]+)(?: +([-+][\d.]+))?$', run.out, re.M)
+  assert [kind for kind, _, _ in split] == [
+      'local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks', 'summary step',
+      'save step', 'sync']
+  assert all(float(ms) > 0 for _, ms, _ in split)
+  assert all(added for kind, _, added in split[1:])  # each row says what it adds
+  assert re.search(r'^  moving the variables \(both, via ps - local\) +[\d.]+$', run.out, re.M)
+  assert re.search(r'^  the distributed runtime \(the rest\) +-?[\d.]+$', run.out, re.M)
+  assert re.search(r"^an async step \(\+ hooks\) runs at [\d.]+x multi_gpu_train.py's rate; a "
+                   r'sync step at [\d.]+x$', run.out, re.M)
+  assert 'Saved checkpoint' not in run.out

@@ -24,8 +24,9 @@ import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFIX,
                      WORKER_LOSS_LINE, matches)
 from distributed import cluster_env, local_cluster
+import cifar10
 import multi_gpu_train
-from training import checkpoints
+from training import checkpoints, updates
 from training.settings import Settings
 
 # Tiny and quick: 8 images a step, a loss line per step.
@@ -1087,3 +1088,30 @@ def test_chief_diverging_saves_no_non_finite_checkpoint_and_says_which_is_untouc
   for path in state.all_model_checkpoint_paths:
     for name, value in helpers.checkpoint(train_dir / path).items():
       assert np.isfinite(value).all(), (path, name)
+
+
+def test_moving_averages_computed_on_the_ps_task_of_their_variable():
+  """Under replica_device_setter each average's arithmetic sits beside its variable;
+  on the worker it would pull every variable and its average over the network and push
+  the new average back, each step (updates.then_average)."""
+  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1', '127.0.0.1:2'],
+                                  'worker': ['127.0.0.1:3']})
+  with tf.Graph().as_default() as graph:
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device='/job:worker/task:0')):
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      cifar10.inference(tf.zeros([1, 24, 24, 3]))
+      ema = updates.moving_averages(global_step, cifar10)
+      before = len(graph.get_operations())
+      updates.then_average(tf.no_op(), ema)
+    # NoOps group; a resource's reads carry no device, the placer puts them by it.
+    made = [op for op in graph.get_operations()[before:]
+            if op.type != 'NoOp' and not (op.type == 'ReadVariableOp' and not op.device)]
+    variables = {v.device for v in tf.compat.v1.trainable_variables()}
+  assert variables == {'/job:ps/task:0', '/job:ps/task:1'}
+  assert made and all(op.device.startswith('/job:ps/') for op in made), sorted(
+      (op.name, op.device) for op in made if not op.device.startswith('/job:ps/'))[:5]
+  assign_subs = [op for op in made if op.type in ('AssignSub', 'AssignSubVariableOp')]
+  assert len(assign_subs) == 10  # one per variable, on its average's task
+  assert {op.device for op in assign_subs} == variables
+  assert all(op.device == op.inputs[0].op.device for op in assign_subs)
