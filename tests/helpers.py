@@ -20,6 +20,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -86,7 +87,8 @@ _log_numbers = itertools.count()
 
 def write_log(argv, code, text):
   """Writes a process's whole log to a file; returns a message naming it, with its tail."""
-  directory = LOG_DIR or os.path.join(ROOT, 'tests', 'logs')
+  # Outside pytest (helpers used from a shell), under the temporary directory, never the repo.
+  directory = LOG_DIR or os.path.join(tempfile.gettempdir(), 'cifar10_test_logs')
   os.makedirs(directory, exist_ok=True)
   name = os.path.basename(next((a for a in argv if a.endswith('.py')), argv[0]))
   path = os.path.join(directory, '%03d-%s.log' % (next(_log_numbers), name))
