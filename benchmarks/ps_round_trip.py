@@ -49,7 +49,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402  after the path
 
 import cifar10  # noqa: E402
-import dist_train  # noqa: E402
 import multi_gpu_train  # noqa: E402
 from distributed import local_cluster, worker_sessions, worker_updates  # noqa: E402
 from training import checkpoints, summaries, updates  # noqa: E402
@@ -60,6 +59,9 @@ WARMUP = 5
 EPOCH = 50000                     # examples per epoch, for the learning-rate schedule
 NEVER = 10 ** 9                   # a --max_steps, summary or save interval never reached
 WORKER = '/job:worker/task:0'
+# Closing a session: how long the sync chief's queue runner, waiting in take_grad, may
+# take to stop (MonitoredSession's default, 120 s, would be spent in full every run).
+CLOSE_SECS = 2
 PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
            '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
 TRANSFERS = ('read', 'send', 'both')
@@ -90,11 +92,11 @@ def fixed_batch():
           tf.constant(rng.integers(0, 10, STEP_BATCH, np.int32)))
 
 
-def build_step(kind, device_setter):
+def build_step(kind, device_setter, train_dir):
   """One step of `kind` (STEPS) in the current graph: (fetches, hooks, summary op).
 
-  Hooks and a summary op only for the kinds dist_train.py's loop runs in a
-  MonitoredSession; None for the others.
+  Hooks (writing to train_dir) and a summary op only for the kinds dist_train.py's
+  loop runs in a MonitoredSession; None for the others.
   """
   if kind == 'local':
     graph = multi_gpu_train.build(fixed_batch, ['/cpu:0'], STEP_BATCH, EPOCH, summaries=False)
@@ -123,13 +125,12 @@ def build_step(kind, device_setter):
     if kind == '+ averages':
       return [train_op, loss, step_after], None, None
     summary_op = summaries.build_summaries([0], towers.losses, grads, lr, cifar10)
-    return ([train_op, loss, step_after], hooks + chief_hooks(kind, global_step, summary_op),
+    return ([train_op, loss, step_after], hooks + chief_hooks(kind, global_step, summary_op, train_dir),
             summary_op)
 
 
-def chief_hooks(kind, global_step, summary_op):
+def chief_hooks(kind, global_step, summary_op, train_dir):
   """dist_train.chief_hooks' two, saving or summarising every step for those kinds."""
-  train_dir = tempfile.mkdtemp(prefix='ps_round_trip_')
   return [worker_sessions.SaveCheckpoints(
               train_dir, 1 if kind == 'save step' else NEVER, 2, checkpoints.make_saver(),
               global_step, checkpoints.all_variables_finite(), 'cifar10', None),
@@ -138,12 +139,14 @@ def chief_hooks(kind, global_step, summary_op):
               dict(start_step=0), STEP_BATCH)]
 
 
-def open_step(kind, cluster, target):
-  """(session, fetches, run options) for the step `kind`, in a graph of its own."""
+def open_step(kind, cluster, target, train_dir):
+  """(session, fetches, run options) for the step `kind`, in a graph of its own; its
+  checkpoints and summaries, if any, in train_dir."""
   remote = 'local' not in kind
   with tf.Graph().as_default():
-    fetches, hooks, summary_op = build_step(kind, remote and tf.compat.v1.train.replica_device_setter(
-        cluster=cluster, worker_device=WORKER))
+    device_setter = remote and tf.compat.v1.train.replica_device_setter(
+        cluster=cluster, worker_device=WORKER)
+    fetches, hooks, summary_op = build_step(kind, device_setter, train_dir)
     if hooks is None:
       sess = tf.compat.v1.Session(target if remote else '')
       sess.run(tf.compat.v1.global_variables_initializer())
@@ -153,7 +156,7 @@ def open_step(kind, cluster, target):
     sess = tf.compat.v1.train.MonitoredSession(
         session_creator=tf.compat.v1.train.ChiefSessionCreator(scaffold=scaffold,
                                                                master=target),
-        hooks=hooks, stop_grace_period_secs=dist_train.QUEUE_RUNNER_STOP_SECS)
+        hooks=hooks, stop_grace_period_secs=CLOSE_SECS)
   # dist_train.run_step runs every step under the step timeout
   return sess, fetches, tf.compat.v1.RunOptions(timeout_in_ms=3600 * 1000)
 
@@ -187,8 +190,10 @@ def time_transfers(cluster, target, rounds):
 
 def time_steps(cluster, target, rounds):
   """{kind: ms} for STEPS, interleaved."""
-  with contextlib.redirect_stdout(io.StringIO()):  # the save step's 'Saved checkpoint' lines
-    runs = {kind: open_step(kind, cluster, target) for kind in STEPS}
+  with tempfile.TemporaryDirectory(prefix='ps_round_trip_') as root, \
+      contextlib.redirect_stdout(io.StringIO()):  # the save step's 'Saved checkpoint' lines
+    runs = {kind: open_step(kind, cluster, target, os.path.join(root, 'kind%d' % i))
+            for i, kind in enumerate(STEPS)}
     try:
       return time_kinds(runs, rounds)
     finally:

@@ -298,9 +298,11 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_both_settings(tmp_pat
 
 
 @pytest.mark.slow
-def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts():
-  run = helpers.run(['benchmarks/ps_round_trip.py', '--rounds=3'], timeout=TIMEOUT_SECS)
+def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts(tmp_path):
+  run = helpers.run(['benchmarks/ps_round_trip.py', '--rounds=3'], timeout=TIMEOUT_SECS,
+                    env=helpers.user_env(TMPDIR=str(tmp_path)))
   assert run.code == 0, run.log()
+  assert os.listdir(tmp_path) == []  # the hooks' checkpoints and summaries removed
   assert '10 variables, 4.3 MB; ms per sess.run, median of 3' in run.out
   rows = dict(re.findall(r'^(read|send|both) +([\d.]+ +[\d.]+)$', run.out, re.M))
   assert sorted(rows) == ['both', 'read', 'send']
