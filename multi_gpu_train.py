@@ -482,9 +482,9 @@ def _run_tower(sess, train_op, take_update, stop, failures, counts, i):
 
 def main(argv):
   errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  stop = signals.StopSignals(FLAGS.train_dir)  # first, so that no Ctrl-C or SIGTERM is lost
+  trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)  # --train_dir's among them
+  stop = signals.StopSignals(FLAGS.train_dir)  # next, so that no Ctrl-C or SIGTERM is lost
   sys.stdout.reconfigure(line_buffering=True)  # each line at once, into `| tee` too
-  trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)
   trainer_settings.check_trainer_flags(FLAGS)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it

@@ -1,6 +1,7 @@
 """cifar10_eval.py and the trainer's summaries: evidence that training learns."""
 import glob
 import os
+import resource
 import signal
 import types
 
@@ -58,6 +59,23 @@ def trained(tmp_path_factory):
         train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400, log_frequency=50,
         summary_steps=50, save_every_n_steps=1000, data_md5=md5, seed=1))
   return data_dir, train_dir, md5
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('cifar10_eval_trained')
+def test_eval_event_file_over_file_size_limit_warns_once_and_still_scores(trained, tmp_path):
+  data_dir, train_dir, md5 = trained
+  done = helpers.run(['cifar10_eval.py', '--run_once', '--data_dir=' + data_dir,
+                      '--data_md5=' + md5, '--checkpoint_dir=' + train_dir,
+                      '--eval_dir=%s' % tmp_path],
+                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10)))
+  [path] = helpers.event_files(tmp_path)
+  assert done.code == 0 and 'Traceback' not in done.err, done.log()
+  assert len(helpers.matches(helpers.PRECISION_LINE, done.out.splitlines())) == 1, done.log()
+  assert [line for line in done.err.splitlines() if 'cannot write' in line] == [
+      'warning: cannot write %s: File too large. The run goes on, but TensorBoard will show '
+      'no summaries from step 0 on; free space or raise the file-size limit (ulimit -f) to '
+      'keep them.' % path], done.log()
 
 
 @pytest.mark.slow

@@ -504,7 +504,7 @@ def test_summary_writer_over_file_size_limit_says_once_and_goes_on(tmp_path):
     for event in tf.compat.v1.train.summary_iterator(path):
       steps += [event.step] if event.summary.value else []
   assert steps == list(range(len(steps))) and 10 < len(steps) < 200
-  assert warnings == ['warning: cannot write %s: File too large. Training goes on, but '
+  assert warnings == ['warning: cannot write %s: File too large. The run goes on, but '
                       'TensorBoard will show no summaries from step %d on; free space or '
                       'raise the file-size limit (ulimit -f) to keep them.'
                       % (path, len(steps))]

@@ -10,6 +10,7 @@ import collections
 import datetime
 import os
 import shlex
+import signal
 import sys
 import time
 
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 from training import input_lib
 from training import onednn
-from training import checkpoints, errors
+from training import checkpoints, errors, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -146,6 +147,9 @@ def main(options, model, data_input, trainer_command,
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   print(onednn.start_line())
+  # A file-size limit then fails the event write, which SummaryWriter reports once and
+  # the scoring goes on, instead of killing the program without a word (as the trainers).
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   writer = None
   try:
     data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None))
@@ -255,12 +259,13 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
             'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
                                      options.eval_data, averages, loss))
       sys.stdout.flush()
-      writer = writer or tf.compat.v1.summary.FileWriter(options.eval_dir)
+      if writer is None:  # summaries.SummaryWriter: a failed write is a warning, once
+        os.makedirs(options.eval_dir, exist_ok=True)  # checked writable at start-up
+        writer = summaries.SummaryWriter(options.eval_dir)
       writer.add_summary(tf.compat.v1.Summary(value=[
           tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
           # The trainer's tag: TensorBoard draws the test set's beside the training one.
           tf.compat.v1.Summary.Value(tag='1_loss/cross_entropy', simple_value=loss)]), step)
-      writer.flush()
       last_path = path
       if last_step is not None and step >= last_step:
         return writer

@@ -97,9 +97,6 @@ class SummaryWriter:
           step)
       self._speeds = []
 
-  def flush(self):
-    """Each event is flushed as it is written; here for FileWriter's callers."""
-
   def close(self):
     if self._writer is not None and not self.failed:
       self._writer.close()
@@ -115,7 +112,7 @@ class SummaryWriter:
       self._writer.flush()
     except (tf.errors.OpError, OSError) as e:
       self.failed = True
-      sys.stderr.write('warning: cannot write %s: %s. Training goes on, but TensorBoard '
+      sys.stderr.write('warning: cannot write %s: %s. The run goes on, but TensorBoard '
                        'will show no summaries from step %d on; free space or raise the '
                        'file-size limit (ulimit -f) to keep them.\n'
                        % (self.path, os_error(e, self.path), step))
