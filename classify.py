@@ -91,8 +91,11 @@ def load(model_dir):
   names = [str(i) for i in range(num_classes)]
   names_path = os.path.join(model_dir, CLASS_NAMES_FILE)
   if os.path.exists(names_path):
-    with open(names_path) as f:
-      names = f.read().splitlines()
+    try:
+      with open(names_path) as f:
+        names = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+      raise ClassifyError('cannot read %s: %s' % (names_path, e)) from None
   if len(names) != num_classes:
     raise ClassifyError('%s names %d classes; the model has %d.'
                         % (names_path, len(names), num_classes))

@@ -146,7 +146,6 @@ def define_flags():
 LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
                   'cluster', 'num_ps', 'slurm_port_base']
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']
-TrainingError = errors.TrainingError
 
 
 def run_ps(cluster, task_index, stop):
@@ -166,7 +165,7 @@ def run_ps(cluster, task_index, stop):
   try:
     server = tf.compat.v1.train.Server(cluster, job_name='ps', task_index=task_index)
   except tf.errors.OpError as e:
-    raise TrainingError('ps task %d cannot listen on %s: %s. Is the port in use?'
+    raise errors.TrainingError('ps task %d cannot listen on %s: %s. Is the port in use?'
                         % (task_index, cluster.task_address('ps', task_index),
                            str(e).splitlines()[0])) from e
   num_workers = cluster.num_tasks('worker')
@@ -215,7 +214,9 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     epoch = inputs.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       graph = build(run, settings, worker, data, epoch, record)
-      startup.check_memory([graph.train_op, graph.loss], settings)  # before writing
+      startup.check_memory([graph.train_op, graph.loss] + (  # before writing
+          [graph.scaffold.summary_op] if graph.scaffold.summary_op is not None else []),
+          settings)
       if record:
         run_record.write_and_compare(settings.train_dir, record)
       print_start(run, graph, settings, data.model, epoch)
@@ -277,7 +278,7 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
     server = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=task_index,
                                        config=config)
   except tf.errors.OpError as e:
-    raise TrainingError('%s cannot listen on %s: %s. Is the port in use?'
+    raise errors.TrainingError('%s cannot listen on %s: %s. Is the port in use?'
                         % (who, cluster.task_address('worker', task_index),
                            str(e).splitlines()[0])) from e
   arm_watchdog = worker_sessions.start_watchdog()
@@ -377,14 +378,15 @@ def build(run, settings, worker, data, epoch, record):
 def chief_hooks(run, settings, model, scaffold, global_step, record):
   """The chief's checkpoints (SaveCheckpoints) and summaries, through
   the machinery multi_gpu_train.py saves and summarises with."""
-  hooks = [worker_sessions.SaveCheckpoints(
-      settings.train_dir, settings.save_every_n_steps, KEEP_CHECKPOINTS, scaffold.saver,
-      global_step, checkpoints.all_variables_finite(), model.__name__,
-      run.start_step if run.checkpoint else None)]
-  if scaffold.summary_op is not None:
+  hooks = []
+  if scaffold.summary_op is not None:  # first: its step time ends before a save starts
     hooks.append(worker_sessions.WriteSummaries(
         settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record,
         settings.batch_size * len(run.devices)))
+  hooks.append(worker_sessions.SaveCheckpoints(
+      settings.train_dir, settings.save_every_n_steps, KEEP_CHECKPOINTS, scaffold.saver,
+      global_step, checkpoints.all_variables_finite(), model.__name__,
+      run.start_step if run.checkpoint else None))
   return hooks
 
 
@@ -562,10 +564,9 @@ def main(argv, slurm_cluster=None):
   if FLAGS.local_cluster:
     sys.exit(main_local_cluster(FLAGS))
   cluster = cluster_from_flags(FLAGS, slurm_cluster)
-  if (FLAGS.replicas_to_aggregate or 0) > len(cluster.worker_hosts):
-    sys.exit('error: --replicas_to_aggregate=%d is more than the %d workers: no update could '
-             'ever gather that many gradients' % (FLAGS.replicas_to_aggregate,
-                                                  len(cluster.worker_hosts)))
+  too_many = too_many_replicas(FLAGS.replicas_to_aggregate, len(cluster.worker_hosts))
+  if too_many:
+    sys.exit('error: ' + too_many)
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
   # the chief saves, a ps task stops waiting for the workers.
   stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
@@ -589,6 +590,14 @@ def main(argv, slurm_cluster=None):
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
     train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
+
+
+def too_many_replicas(replicas_to_aggregate, num_workers):
+  """The message refusing a --replicas_to_aggregate above the workers there are, or None."""
+  if (replicas_to_aggregate or 0) > num_workers:
+    return ('--replicas_to_aggregate=%d is more than the %d workers: no update could ever '
+            'gather that many gradients' % (replicas_to_aggregate, num_workers))
+  return None
 
 
 def job_is_over(cluster, spec, settings):
@@ -759,10 +768,9 @@ def main_local_cluster(flag_values):
   try:
     num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
     local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
-    if (flag_values.replicas_to_aggregate or 0) > num_workers:
-      raise ValueError('--replicas_to_aggregate=%d is more than the %d workers: no update '
-                       'could ever gather that many gradients'
-                       % (flag_values.replicas_to_aggregate, num_workers))
+    too_many = too_many_replicas(flag_values.replicas_to_aggregate, num_workers)
+    if too_many:
+      raise ValueError(too_many)
   except ValueError as e:
     sys.exit('error: %s' % e)
   with errors.one_line_errors():

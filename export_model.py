@@ -270,7 +270,7 @@ def export(train_dir, export_dir, dataset, overwrite=False):
 
 
 def main(argv):
-  del argv  # absl has already refused unknown flags
+  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   data = DATASETS[FLAGS.dataset]
   train_dir = FLAGS.train_dir or data.train_dir
   export_dir = FLAGS.export_dir or data.export_dir

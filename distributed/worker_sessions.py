@@ -283,5 +283,7 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
     self._due = self._last is None or steps.crossed(self._last, step, self._every)
 
   def end(self, session):
-    del session
+    step = session.run(self._global_step)
+    if step != self._last:  # every run ends with a summary of where it stopped
+      self._writer.write_summary(session.run(self._summary_op), step)
     self._writer.close()

@@ -87,11 +87,12 @@ _log_numbers = itertools.count()
 
 def write_log(argv, code, text):
   """Writes a process's whole log to a file; returns a message naming it, with its tail."""
-  # Outside pytest (helpers used from a shell), under the temporary directory, never the repo.
-  directory = LOG_DIR or os.path.join(tempfile.gettempdir(), 'cifar10_test_logs')
-  os.makedirs(directory, exist_ok=True)
+  global LOG_DIR
+  if LOG_DIR is None:  # outside pytest (helpers used from a shell): this process's own
+    LOG_DIR = tempfile.mkdtemp(prefix='cifar10_test_logs-')
+  os.makedirs(LOG_DIR, exist_ok=True)  # the session's, made on the first failure
   name = os.path.basename(next((a for a in argv if a.endswith('.py')), argv[0]))
-  path = os.path.join(directory, '%03d-%s.log' % (next(_log_numbers), name))
+  path = os.path.join(LOG_DIR, '%03d-%s.log' % (next(_log_numbers), name))
   with open(path, 'w') as f:
     f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
   tail = '\n'.join(text.splitlines()[-TAIL_LINES:])

@@ -6,6 +6,7 @@ tests carry @pytest.mark.xdist_group('export') so that one test process trains t
 """
 import json
 import os
+import re
 import shutil
 import sys
 import types
@@ -197,6 +198,15 @@ def test_export_without_checkpoint_exits_1_with_one_line_and_writes_nothing(tmp_
   assert sorted(os.listdir(tmp_path)) == ['train'] and os.listdir(tmp_path / 'train') == []
 
 
+def test_export_train_dir_given_without_its_flag_refused_in_one_line(tmp_path):
+  # Not taken for --train_dir: the default's checkpoint would be exported instead.
+  done = helpers.run(['export_model.py', str(tmp_path), '--export_dir=%s' % (tmp_path / 'x')])
+  assert done.code == 1 and len(done.errors) == 1, done.log()
+  assert done.errors[0].startswith("error: unexpected argument '%s': export_model.py takes "
+                                   "flags only" % tmp_path), done.log()
+  assert 'Traceback' not in done.err and os.listdir(tmp_path) == [], done.log()
+
+
 @pytest.mark.xdist_group('export')
 def test_export_checkpoint_of_other_data_set_refused_naming_the_right_flag(mnist_exported,
                                                                           tmp_path):
@@ -305,3 +315,14 @@ def test_classify_model_dir_not_a_saved_model_one_line_exit_1(tmp_path, monkeypa
     classify.main(['classify.py'])
   assert e.value.code.startswith('error: no image files given.')
   assert capsys.readouterr().out == ''
+
+
+@pytest.mark.xdist_group('export')
+def test_classify_class_names_file_unreadable_is_one_error_naming_it(exported, tmp_path):
+  model_dir = str(tmp_path / 'model')
+  shutil.copytree(exported.export_dir, model_dir)
+  names_path = os.path.join(model_dir, classify.CLASS_NAMES_FILE)
+  with open(names_path, 'wb') as f:
+    f.write(b'\xff\xfe not text')
+  with pytest.raises(classify.ClassifyError, match='^cannot read %s: ' % re.escape(names_path)):
+    classify.load(model_dir)

@@ -650,12 +650,15 @@ def test_trainer_bf16_checkpoint_float32_only_resumed_by_float32_fp16_and_back(
 
 
 @needs_bf16_units
-def test_trainer_bf16_async_towers_trains_each_tower_applying(mnist_sample, tmp_path, capsys):
+def test_trainer_bf16_async_towers_land_exactly_the_budget_of_updates(mnist_sample, tmp_path,
+                                                                       capsys):
   _train_bf16(tmp_path, mnist_sample, async_towers=True, seed=None, max_steps=6)
   out = capsys.readouterr().out
   assert 'bfloat16 towers on' in out
-  assert re.search(r'^updates applied per tower: tower_0 \d+, tower_1 \d+; global step 6$',
-                   out, re.M), out
+  counts = re.search(r'^updates applied per tower: tower_0 (\d+), tower_1 (\d+); global '
+                     r'step 6$', out, re.M)
+  # Which tower lands how many depends on how the two threads interleave; together, all.
+  assert counts and int(counts.group(1)) + int(counts.group(2)) == 6, out
   assert helpers.global_step(tmp_path) == 6
 
 

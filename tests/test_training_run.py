@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import helpers
 import multi_gpu_train
-from training import checkpoints, directory, errors, summaries
+from training import checkpoints, directory, errors, run_record, summaries
 from training.settings import Settings
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
@@ -553,3 +553,28 @@ def test_summary_writer_writes_the_median_of_the_speeds_noted_since_the_last(tmp
   writer.write_summary(loss(0.4), 4)
   writer.close()
   assert helpers.scalars(tmp_path, '2_training/examples_per_sec') == {3: 200.0, 4: 50.0}
+
+
+def test_state_file_relative_path_into_another_directory_is_said_not_followed_silently(
+    tmp_path):
+  train_dir = tmp_path / 'run2'
+  train_dir.mkdir()
+  notes = []
+  found = checkpoints.in_this_dir(str(train_dir), '../run1/model.ckpt-5', notes)
+  assert found == str(tmp_path / 'run1' / 'model.ckpt-5')
+  assert notes == ['%s names %s, outside this directory, and this directory has no file of '
+                   'that name: reading that one.' % (train_dir / 'checkpoint', found)]
+  (train_dir / 'model.ckpt-5.index').write_text('')  # its own file of that name wins
+  notes = []
+  assert checkpoints.in_this_dir(str(train_dir), '../run1/model.ckpt-5', notes) == str(
+      train_dir / 'model.ckpt-5')
+  assert len(notes) == 1 and 'using %s' % (train_dir / 'model.ckpt-5') in notes[0]
+
+
+@pytest.mark.parametrize('text', ['[1, 2]', '{"constants": [1], "flags": "x"}',
+                                  '{"constants": {"cifar10/model.py": 3}}'])
+def test_earlier_run_record_json_but_not_a_record_shows_no_change_and_no_traceback(
+    tmp_path, text):
+  (tmp_path / 'run-20261125-000000-step0.json').write_text(text)
+  record = {'constants': {'cifar10/model.py': {'BATCH': 1}}, 'flags': {'max_steps': 2}}
+  assert run_record.changes_since(str(tmp_path), record) is None

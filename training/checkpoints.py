@@ -84,11 +84,14 @@ def in_this_dir(train_dir, path, notes):
   """Where a path from the state file is, looking in train_dir first.
 
   A state file written with absolute paths (older versions of this trainer, or
-  TensorFlow's default) names the directory it was written in. After the
+  TensorFlow's default) names the directory it was written in; a relative path with
+  a directory in it names another directory as well. After the
   directory was moved or copied, its own file of that name is the one meant.
   """
   if not os.path.isabs(path):
-    return os.path.join(train_dir, path)
+    if not os.path.dirname(path):
+      return os.path.join(train_dir, path)
+    path = os.path.normpath(os.path.join(train_dir, path))  # '../run1/model.ckpt-5'
   local = os.path.join(train_dir, os.path.basename(path))
   if os.path.realpath(os.path.dirname(path)) == os.path.realpath(train_dir):
     return local

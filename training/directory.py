@@ -78,8 +78,10 @@ def lock_train_dir(train_dir):
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
-    if e.errno not in (errno.EAGAIN, errno.EACCES):
-      raise
+    if e.errno not in (errno.EAGAIN, errno.EACCES):  # ENOLCK: NFS without its lock daemon
+      lock.close()
+      raise TrainingError('cannot lock %s: %s. Give --train_dir on a file system that has '
+                          'locks (a local disk).' % (lock.name, e.strerror)) from None
     lock.seek(0)
     holder = lock.read().strip() or 'unknown'
     lock.close()

@@ -103,21 +103,28 @@ def changes_since(train_dir, record):
       old = json.load(f)
   except (OSError, ValueError):
     return None
+  if not isinstance(old, dict):  # JSON, but not a run record
+    return None
   new = json.loads(json.dumps(record))  # tuples as lists, as the file has them
   changes = []
-  old_constants = old.get('constants') or {}
+  old_constants = _as_dict(old.get('constants'))
   for source, constants in new.get('constants', {}).items():
     for name, value in constants.items():
-      was = (old_constants.get(source) or {}).get(name, value)
+      was = _as_dict(old_constants.get(source)).get(name, value)
       if was != value:
         changes.append('%s %s -> %s (%s)' % (name, _shown(was), _shown(value), source))
-  old_flags = old.get('flags') or {}
+  old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
     if name in old_flags and old_flags[name] != value:
       changes.append('--%s %s -> %s' % (name, _shown(old_flags[name]), _shown(value)))
   if not changes:
     return None
   return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
+
+
+def _as_dict(value):
+  """value if it is a dict, else an empty one: a hand-edited record changes nothing."""
+  return value if isinstance(value, dict) else {}
 
 
 def _shown(value):

@@ -25,8 +25,6 @@ from training import placement
 DataSet = collections.namedtuple('DataSet', ['model', 'input'])
 DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, mnist_input)}
 
-# The flags a trainer takes from its --dataset when not given: {dataset: {flag: default}}.
-DATASET_FLAGS = ('batch_size', 'max_steps', 'train_dir', 'data_dir')
 # Ranges: what TensorFlow can hold, and what a machine can run.
 MAX_TOWERS = 64            # --num_gpus; beyond the GPUs seen, each tower is a CPU device
 MAX_THREADS = 4096         # --intra_op_threads, --inter_op_threads (ConfigProto's int32)
@@ -62,7 +60,7 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
 
   Args:
     dataset_defaults: {dataset: {'batch_size': .., 'max_steps': .., 'train_dir': ..,
-      'data_dir': ..}}: what a flag of DATASET_FLAGS not given takes.
+      'data_dir': ..}}: what each flag named, not given, takes.
     flag_values: where to define them (a test's own flags.FlagValues()).
   """
   def per_dataset(name):
@@ -128,7 +126,7 @@ def _define_session_flags(flag_values):
 
 
 def apply_dataset_defaults(flag_values, dataset_defaults):
-  """Gives the flags of DATASET_FLAGS not set on the command line their --dataset's."""
+  """Gives the flags dataset_defaults names, not set on the command line, their --dataset's."""
   for name, value in dataset_defaults[flag_values.dataset].items():
     if flag_values[name].value is None:
       setattr(flag_values, name, value)
