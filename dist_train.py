@@ -615,10 +615,12 @@ def job_is_over(cluster, spec, settings):
   step = latest and checkpoints.checkpoint_step(latest)
   if step is None or step < settings.max_steps:
     return False
+  path = checkpoints.in_this_dir(settings.train_dir, latest, [])
+  if not os.path.exists(path + '.index'):  # named, but gone: the chief's checks say so
+    return False
   print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
-                                        startup.nothing_to_do(os.path.join(
-                                            settings.train_dir, latest), step,
-                                            settings.max_steps)), flush=True)
+                                        startup.nothing_to_do(path, step, settings.max_steps)),
+        flush=True)
   if cluster.job_name == 'worker':
     try:
       server = tf.compat.v1.train.Server(spec, job_name='worker',

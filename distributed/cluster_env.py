@@ -38,6 +38,8 @@ import tensorflow as tf
 # The resolver's own readers of Slurm's node and task lists, and its GPU count.
 from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
+from training.errors import one_line
+
 SLURM_PORT_BASE = 8888   # a Slurm task listens on this + its index among its node's tasks
 TASK_TYPES = ('chief', 'master', 'worker', 'ps', 'evaluator')  # what TF_CONFIG may name
 SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS', 'SLURM_STEP_NODELIST',
@@ -256,7 +258,7 @@ def _read_tf_config(text, environ):
     except (TypeError, ValueError) as e:
       raise ClusterError('TF_CONFIG cannot be read as a cluster (%s); give each job a list '
                          'of "host:port" strings and the task an integer "index", as in %s'
-                         % (_one_line(e), TF_CONFIG_EXAMPLE)) from None
+                         % (one_line(e), TF_CONFIG_EXAMPLE)) from None
   jobs = {}
   for job in spec.jobs:
     if job not in TASK_TYPES:
@@ -374,7 +376,7 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
     except (RuntimeError, ValueError) as e:
       raise ClusterError('SLURM_STEP_TASKS_PER_NODE=%r: TensorFlow\'s SlurmClusterResolver '
                          'cannot place the tasks (%s); run the tasks under one srun'
-                         % (per_node_text, _one_line(e))) from None
+                         % (per_node_text, one_line(e))) from None
     job_name, task_index = resolver.get_task_info()
     visible = os.environ.get('CUDA_VISIBLE_DEVICES')
   if environ is not os.environ and visible is not None:
@@ -467,7 +469,7 @@ def _slurm_gpus(environ, max_tasks_per_node):
     except (OSError, RuntimeError) as e:
       raise ClusterError('nvidia-smi --list-gpus failed (%s); set CUDA_VISIBLE_DEVICES for '
                          'each task (srun --gpus-per-task=N does), or fix the driver'
-                         % _one_line(e)) from None
+                         % one_line(e)) from None
   if num_gpus == 0:
     return slots_only
   if num_gpus < max_tasks_per_node:
@@ -537,7 +539,3 @@ def _environment(environ, names):
         os.environ.pop(name, None)
       else:
         os.environ[name] = value
-
-
-def _one_line(e):
-  return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -903,11 +903,14 @@ def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(ta
 @pytest.mark.parametrize('state, over', [
     ('model_checkpoint_path: "model.ckpt-4"\n', True),
     ('model_checkpoint_path: "model.ckpt-3"\n', False),
+    ('model_checkpoint_path: "model.ckpt-5"\n', False),  # named, its files gone
     ('not a state file {\n', False),  # the chief's checks say what is wrong with it
     (None, False),
-], ids=['at-max', 'below', 'unreadable', 'none'])
+], ids=['at-max', 'below', 'named-but-gone', 'unreadable', 'none'])
 def test_job_is_over_only_at_max_steps_read_by_the_state_file_reader(tmp_path, capsys,
                                                                      state, over):
+  for step in (3, 4):  # the checkpoints on disk (their index files; nothing reads them)
+    (tmp_path / ('model.ckpt-%d.index' % step)).write_text('')
   if state is not None:
     (tmp_path / 'checkpoint').write_text(state)
   ps = cluster_env.Cluster(['127.0.0.1:1'], ['127.0.0.1:2'], 'ps', 0, 'flags', '')

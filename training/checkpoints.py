@@ -44,8 +44,7 @@ def read_whole(path):
       reader.get_tensor(name)  # reads every byte: a truncated file fails here
     return int(reader.get_tensor('global_step'))
   except Exception as e:  # OpError, IndexError ('Read less bytes'), ...: all unreadable
-    raise ValueError(str(e).strip().splitlines()[0] if str(e).strip() else
-                     type(e).__name__) from e
+    raise ValueError(one_line(e)) from e
 
 
 def read_state_file(train_dir):
