@@ -176,20 +176,32 @@ def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
   assert helpers.global_step(str(tmp_path / 'train')) == MAX_STEPS
 
 
+# Runs a script as `python -u script flags...` would, but stops itself (SIGSTOP) once its
+# prelude has imported TensorFlow, before the script's first line: a task held at a
+# known point, whatever the load, with only its own start-up left to do when continued.
+HELD_AFTER_IMPORT = ('import os, runpy, signal, sys\n'
+                     'from training import prelude\n'
+                     'prelude.start(sys.argv)\n'
+                     'os.kill(os.getpid(), signal.SIGSTOP)\n'
+                     'sys.argv = sys.argv[1:]\n'
+                     'runpy.run_path(sys.argv[0], run_name="__main__")\n')
+
+
 @pytest.mark.slow
 def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path):
   ps_hosts, worker_hosts = (lambda h: (h[:1], h[1:]))(loopback_hosts(3))
   flags = FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path]
 
   def start(job_name, task_index):
-    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
-                                            flags))
+    return local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags)
 
-  ps, chief, late = start('ps', 0), start('worker', 0), start('worker', 1)
-  # Worker 1 is held once TensorFlow is imported (it warns, then serves): late, but
-  # with no TensorFlow import left to do within the ps's grace period.
-  late.wait_for(lambda line: 'anyone who can reach port' in line, 'worker 1 started')
-  late.send(signal.SIGSTOP)
+  ps, chief = tasks(start('ps', 0)), tasks(start('worker', 0))
+  late_argv = start('worker', 1)
+  late = tasks(late_argv[:2] + ['-c', HELD_AFTER_IMPORT] + late_argv[2:])
+  # Worker 1 holds itself before it reads --train_dir: late, whatever the load, with
+  # no TensorFlow import left to do within the ps's grace period.
+  helpers.wait_until(lambda: helpers.process_state(late.pid) == 'T', 'worker 1 held',
+                     task=late)
   # Async: the chief alone makes every update; then it says it has finished.
   chief.wait_for(DONE_LINE, 'the chief done')
   assert ps.process.poll() is None  # still serving: worker 1 has not said so
