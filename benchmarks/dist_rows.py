@@ -7,6 +7,8 @@ and no summaries and no checkpoints between the first step and the last:
   dist_train.py --local_cluster=1,1          one ps and one worker, async
   ... --sync_replicas                        the same through SyncReplicasOptimizer
   dist_train.py --local_cluster=1,2 [sync]   two workers, sharing this machine's cores
+  ... --replicas_to_aggregate=1              sync, each update from the first gradient
+                                             in: the other worker is a backup
 Every worker and the baseline run the same towers and batch per tower.
 
 examples/sec comes from the loss lines' own timestamps: the window opens when the
@@ -14,7 +16,20 @@ last worker to get there has finished its warm-up steps and closes when the firs
 worker to finish prints its last line, so with two workers both are training
 throughout. Each worker's rate is its local steps in the window x its images per
 step / the time between its first and last line there; the cluster's is their sum.
-For one process that is its mean rate after warm-up.
+For one process that is its mean rate after warm-up. With a backup worker the late
+gradient of each update is dropped, so that row counts the examples of gradients
+applied (global steps x --replicas_to_aggregate x images per step) as well.
+
+Bytes: this process reads the transmit counter of the loopback interface the
+launcher sees (/proc/<its pid>/net/dev) as each loss line arrives; over the window,
+its growth per global step is what went through 127.0.0.1 for one update: variables
+to the workers, gradients to the ps, gRPC's framing and the runtime's own messages. Beside it, the
+floor: the trainable parameters (the start-up line's count) x 4 bytes, read and
+pushed back once per update in async, once by every worker in sync (a backup
+worker's gradient is sent too, then dropped). --local_cluster's tasks run in a
+network namespace of their own where Linux allows it (the launcher says so), and
+the counter then holds their traffic alone; without one, anything else talking
+over 127.0.0.1 at the time adds to it.
 
 No run assumes how long a task takes to start. multi_gpu_train.py runs --warmup +
 --steps steps to its end. A cluster runs with no step limit of its own: this
@@ -44,18 +59,28 @@ NO_END_STEPS = 10 ** 9       # a cluster's --max_steps: it trains until this pro
 STOP_SIGNAL = signal.SIGTERM  # ... with this, once its window is full
 STOPPED_EXIT_CODE = 143      # the launcher's exit code then (training.signals', 128 + SIGTERM)
 
-# (label, workers, --sync_replicas); workers None: multi_gpu_train.py, the baseline.
-RUNS = [('multi_gpu_train.py', None, False),
-        ('dist_train.py 1 worker, async', 1, False),
-        ('dist_train.py 1 worker, --sync_replicas', 1, True),
-        ('dist_train.py 2 workers, async', 2, False),
-        ('dist_train.py 2 workers, --sync_replicas', 2, True)]
+SYNC = ('--sync_replicas',)
+BACKUP = SYNC + ('--replicas_to_aggregate=1',)  # 2 workers: one backup per update
+# (label, workers, dist_train.py's own flags); workers None: multi_gpu_train.py, the baseline.
+RUNS = [('multi_gpu_train.py', None, ()),
+        ('dist_train.py 1 worker, async', 1, ()),
+        ('dist_train.py 1 worker, --sync_replicas', 1, SYNC),
+        ('dist_train.py 2 workers, async', 2, ()),
+        ('dist_train.py 2 workers, --sync_replicas', 2, SYNC),
+        ('dist_train.py 2 workers, sync, 1 backup', 2, BACKUP)]
 BASELINE = RUNS[0][0]
+QUICK_RUNS = 4  # --quick: the baseline and one run of each kind up to two async workers
 
 
 def runs_for(args):
   """RUNS; --quick, a smoke test kept near a minute, leaves out two workers in sync."""
-  return RUNS[:-1] if args.quick else RUNS
+  return RUNS[:QUICK_RUNS] if args.quick else RUNS
+
+
+def replicas_to_aggregate(workers, flags):
+  """The workers whose gradients one update gathers: all of them, unless flags say."""
+  given = [f for f in flags if f.startswith('--replicas_to_aggregate=')]
+  return int(given[0].split('=')[1]) if given else (workers if SYNC[0] in flags else 1)
 
 # '[worker1] 2026-11-23 07:01:09.659295: step 3, loss = 4.44 (170.2 examples/sec; 0.094
 # sec/batch) [worker 1, local step 3]'; multi_gpu_train.py's lines lack both brackets.
@@ -64,7 +89,7 @@ LOSS_LINE = re.compile(r'^(?:\[(?P<task>\w+)\] )?(?P<time>\d{4}-\d\d-\d\d [\d:.]
                        r'(?: \[worker \d+, local step (?P<local_step>\d+)\])?$')
 
 
-def command(args, workers, sync, train_dir):
+def command(args, workers, dist_flags, train_dir):
   """The command line of one run: the baseline, or a local cluster of one ps task."""
   towers = args.dist_towers
   flags = ['--synthetic', '--num_gpus=%d' % towers, '--batch_size=%d' % args.batch_size,
@@ -76,7 +101,7 @@ def command(args, workers, sync, train_dir):
             '--max_steps=%d' % (args.warmup + args.steps)] + flags
   return ([sys.executable, '-u', os.path.join(ROOT, 'dist_train.py'),
            '--local_cluster=1,%d' % workers, '--max_steps=%d' % NO_END_STEPS] + flags +
-          (['--sync_replicas'] if sync else []))
+          list(dist_flags))
 
 
 def steps_by_task(output):
@@ -142,10 +167,47 @@ def window_rate(tasks, warmup, examples_per_step):
   return total, closes - opens
 
 
+def loopback_bytes_sent(pid='self'):
+  """The transmit counter of the loopback interface process pid sees (its network
+  namespace's, /proc/<pid>/net/dev), or None where there is none."""
+  try:
+    with open('/proc/%s/net/dev' % pid) as f:
+      return next(int(line.split(':', 1)[1].split()[8]) for line in f
+                  if line.strip().startswith('lo:'))
+  except (OSError, StopIteration, IndexError, ValueError):
+    return None
+
+
+def bytes_per_update(samples, opens, closes):
+  """Bytes sent over 127.0.0.1 per global step while the window was open, or None.
+
+  samples: [(printed at, global step, loopback bytes sent when read), ...], one per
+  loss line in the order read.
+  """
+  found = [(step, sent) for when, step, sent in samples
+           if opens <= when <= closes and sent is not None]
+  if len(found) < 2:
+    return None
+  first_step = found[0][0]
+  last_step = max(step for step, _ in found)
+  return (found[-1][1] - found[0][1]) / (last_step - first_step) if last_step > first_step else None
+
+
+def loss_line_samples(output, sent):
+  """[(printed at, global step, bytes sent when read)] from output's loss lines, whose
+  i-th line was read when the counter stood at sent[i]."""
+  samples = []
+  for line, bytes_sent in zip((l for l in output.splitlines() if LOSS_LINE.match(l)), sent):
+    match = LOSS_LINE.match(line)
+    samples.append((datetime.datetime.fromisoformat(match.group('time')).timestamp(),
+                    int(match.group('step')), bytes_sent))
+  return samples
+
+
 def watch(argv, num_tasks, args):
   """Runs argv, reading its loss lines as they come; a cluster is stopped once its
   window is full. Returns (exit code, stdout, stderr, whether it was stopped, whether it
-  ran out of time)."""
+  ran out of time, the loopback counter as each loss line was read)."""
   with tempfile.TemporaryFile('w+') as err:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
@@ -156,10 +218,12 @@ def watch(argv, num_tasks, args):
       proc.kill()  # the tasks die with their launcher
     timer = threading.Timer(RUN_TIMEOUT_SECS, time_out)
     timer.start()
-    lines, stopped = [], False
+    lines, stopped, sent = [], False, []
     try:
       for line in proc.stdout:
         lines.append(line)
+        if LOSS_LINE.match(line):
+          sent.append(loopback_bytes_sent(proc.pid))
         if (num_tasks and not stopped and LOSS_LINE.match(line) and
             window_full(steps_by_task(''.join(lines)), num_tasks, args.warmup, args.steps)):
           proc.send_signal(STOP_SIGNAL)
@@ -168,15 +232,24 @@ def watch(argv, num_tasks, args):
     finally:
       timer.cancel()
     err.seek(0)
-    return code, ''.join(lines), err.read(), stopped, timed_out.is_set()
+    return code, ''.join(lines), err.read(), stopped, timed_out.is_set(), sent
 
 
-def run_one(args, runner, label, workers, sync):
+def applied_rate(samples, opens, closes, examples_per_update):
+  """examples/sec of the gradients applied (global steps) while the window was open."""
+  found = [(when, step) for when, step, _ in samples if opens <= when <= closes]
+  steps = max(step for _, step in found) - found[0][1] if found else 0
+  if steps < 1 or found[-1][0] == found[0][0]:
+    return None
+  return steps * examples_per_update / (found[-1][0] - found[0][0])
+
+
+def run_one(args, runner, label, workers, dist_flags):
   """Runs one configuration to its end; returns its rate and raw lines for the JSON."""
   start = time.time()
   with tempfile.TemporaryDirectory(prefix='cifar10_dist_benchmark_') as train_dir:
-    argv = command(args, workers, sync, train_dir)
-    code, stdout, stderr, stopped, timed_out = watch(argv, workers, args)
+    argv = command(args, workers, dist_flags, train_dir)
+    code, stdout, stderr, stopped, timed_out, sent = watch(argv, workers, args)
   if timed_out:
     raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps'
                          % (label, RUN_TIMEOUT_SECS))
@@ -197,28 +270,49 @@ def run_one(args, runner, label, workers, sync):
   examples_per_sec, window_sec = window_rate(tasks, args.warmup, examples_per_step)
   if examples_per_sec is None:
     raise BenchmarkError('%s: %s; raise --steps' % (label, window_sec))
-  result = dict(label=label, command=argv, workers=workers, sync=sync,
+  result = dict(label=label, command=argv, workers=workers, sync=SYNC[0] in dist_flags,
                 examples_per_sec=examples_per_sec, window_sec=window_sec,
                 examples_per_step=examples_per_step, loss_lines=tasks, stopped=stopped,
                 wall_sec=time.time() - start)
+  if workers:
+    samples = loss_line_samples(stdout, sent)
+    replicas = replicas_to_aggregate(workers, dist_flags)
+    opens, closes = window(tasks, args.warmup)
+    parameters = re.search(r'hold (\d+) trainable parameters', stdout)
+    result.update(
+        replicas_to_aggregate=replicas,
+        applied_examples_per_sec=applied_rate(samples, opens, closes,
+                                              replicas * examples_per_step),
+        bytes_per_update=bytes_per_update(samples, opens, closes),
+        # A worker step reads each variable and pushes its gradient: once per update in
+        # async, once by every worker in sync (a backup's gradient is sent, then dropped).
+        floor_bytes_per_update=(int(parameters.group(1)) * 4 * 2 *
+                                (workers if SYNC[0] in dist_flags else 1)
+                                if parameters else None))
   runner.progress(label, ': %.1f examples/sec' % examples_per_sec, result['wall_sec'])
   return result
 
 
 def run_repeat(args, runner, runs, repeat):
   """One pass over runs_for(args) in order, appending each to runs[('dist', label)]."""
-  for label, workers, sync in runs_for(args):
+  for label, workers, dist_flags in runs_for(args):
     runs.setdefault(('dist', label), []).append(
-        run_one(args, runner, label + repeat_tag(repeat, args.repeats), workers, sync))
+        run_one(args, runner, label + repeat_tag(repeat, args.repeats), workers, dist_flags))
 
 
 def summarise(args, runs):
   """Prints the distribution rows; returns {label: dict(examples_per_sec, ...)}."""
   rows = {}
-  for label, workers, sync in runs_for(args):
-    rates = [r['examples_per_sec'] for r in runs[('dist', label)]]
-    rows[label] = dict(examples_per_sec=statistics.median(rates), per_repeat=rates,
-                       workers=workers, sync=sync)
+  for label, workers, dist_flags in runs_for(args):
+    done = runs[('dist', label)]
+    median = lambda key: _median([r.get(key) for r in done])  # noqa: E731
+    rows[label] = dict(examples_per_sec=median('examples_per_sec'),
+                       per_repeat=[r['examples_per_sec'] for r in done], workers=workers,
+                       sync=SYNC[0] in dist_flags,
+                       replicas_to_aggregate=done[0].get('replicas_to_aggregate'),
+                       applied_examples_per_sec=median('applied_examples_per_sec'),
+                       bytes_per_update=median('bytes_per_update'),
+                       floor_bytes_per_update=done[0].get('floor_bytes_per_update'))
   for row in rows.values():
     row['vs_multi_gpu_train'] = row['examples_per_sec'] / rows[BASELINE]['examples_per_sec']
   print()
@@ -227,9 +321,25 @@ def summarise(args, runs):
         'their loss lines, after %d warm-up steps%s' % (
             args.dist_towers, args.batch_size, args.warmup,
             ', median of %d repeats' % args.repeats if args.repeats > 1 else ''))
-  print('%-42s  %8s  %s' % ('run', 'ex/s', 'vs multi_gpu_train.py'))
+  print('applied: examples of the gradients that updates used; MB/update: sent over '
+        '127.0.0.1 per global step, and its floor: the variables read and the gradients '
+        'pushed, once per update in async, once per worker in sync')
+  print('%-42s  %8s  %8s  %7s  %10s  %5s' % ('run', 'ex/s', 'applied', 'vs local',
+                                            'MB/update', 'floor'))
   for label, workers, _ in runs_for(args):
-    print('%-42s  %8.0f  %7.2f%s' % (
-        label, rows[label]['examples_per_sec'], rows[label]['vs_multi_gpu_train'],
-        '   (both workers share the %d cores)' % os.cpu_count() if workers == 2 else ''))
+    row = rows[label]
+    print('%-42s  %8.0f  %8s  %7.2f  %10s  %5s%s' % (
+        label, row['examples_per_sec'], _shown(row['applied_examples_per_sec'], 1),
+        row['vs_multi_gpu_train'], _shown(row['bytes_per_update'], 1e6, '%.1f'),
+        _shown(row['floor_bytes_per_update'], 1e6, '%.1f'),
+        '   (the workers share the %d cores)' % os.cpu_count() if workers == 2 else ''))
   return rows
+
+
+def _median(values):
+  values = [v for v in values if v is not None]
+  return statistics.median(values) if values else None
+
+
+def _shown(value, unit, pattern='%.0f'):
+  return '-' if value is None else pattern % (value / unit)

@@ -10,7 +10,7 @@ OURS_OVER_FIT = 1.6         # ours / the model.fit peer, synthetic input, every 
 OF_MATMUL = 0.70            # ours' GFLOP/s at N = 1 / the float32 matmul rate, same oneDNN
 REAL_OVER_SYNTHETIC = 0.95  # real input / synthetic input, every N
 SEEDED_OVER_UNSEEDED = 0.95  # real input with --seed / without, N = 1
-DIST_OVER_LOCAL = 0.9       # dist_train.py, 1 ps + 1 async worker / multi_gpu_train.py
+DIST_OVER_LOCAL = 0.9       # dist_train.py, 1 ps + 1 worker / multi_gpu_train.py, async and sync
 BF16_OVER_FLOAT32 = 1.3     # ours --use_bf16 / ours float32, both oneDNN on, synthetic, every N
 
 
@@ -24,8 +24,8 @@ def check(rows, dist):
   def per_n(key):
     return {'N=%s' % n: row[key] for n, row in rows.items()}
 
-  one_worker = {'async': row['vs_multi_gpu_train'] for row in (dist or {}).values()
-                if row['workers'] == 1 and not row['sync']}
+  one_worker = {'sync' if row['sync'] else 'async': row['vs_multi_gpu_train']
+                for row in (dist or {}).values() if row['workers'] == 1}
   targets = [
       ('ours / custom-loop peer, every N', OURS_OVER_PEER, '%.2f', per_n('ours_over_peer')),
       ('ours / model.fit peer, every N', OURS_OVER_FIT, '%.2f', per_n('ours_over_fit')),
@@ -35,7 +35,7 @@ def check(rows, dist):
        per_n('real_over_synthetic')),
       ('seeded / unseeded real input at N=1', SEEDED_OVER_UNSEEDED, '%.2f',
        {'N=1': rows['1'].get('seeded_over_unseeded')} if '1' in rows else {}),
-      ('dist_train.py 1 async worker / multi_gpu_train.py', DIST_OVER_LOCAL, '%.2f', one_worker),
+      ('dist_train.py 1 worker / multi_gpu_train.py', DIST_OVER_LOCAL, '%.2f', one_worker),
       ('ours bfloat16 / ours float32, every N', BF16_OVER_FLOAT32, '%.2f',
        {'N=%s' % n: row['bf16']['over_float32']['synthetic'] for n, row in rows.items()
         if row.get('bf16')}),

@@ -62,8 +62,9 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
       current name scope, so each tower collects its own copy.
 
   Returns:
-    float32 variable of `shape`; under a casting custom getter
-    (training/mixed_precision.py's float16_getter, bfloat16_getter), its cast.
+    float32 variable of `shape` (with wd, one read of it: a float32 tensor); under
+    a casting custom getter (training/mixed_precision.py's float16_getter,
+    bfloat16_getter), its cast.
   """
   if bias_init is None:
     initializer = tf.compat.v1.truncated_normal_initializer(stddev=stddev)
@@ -71,6 +72,9 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
     initializer = tf.compat.v1.constant_initializer(bias_init)
   var = tf.compat.v1.get_variable(name, shape, tf.float32, initializer=initializer)
   if wd is not None:
+    # The layer and its decay share one read: on a ps task each read is one more
+    # transfer of the whole variable (local3's weights: 3.5 MB a step).
+    var = tf.convert_to_tensor(var)
     weight_decay = tf.multiply(tf.nn.l2_loss(_float32_value(var)), wd, name='weight_loss')
     tf.compat.v1.add_to_collection(LOSSES, weight_decay)
   return var
@@ -79,7 +83,7 @@ def _variable(name, shape, stddev, bias_init=None, wd=None):
 def _float32_value(var):
   """The float32 value behind what get_variable returned, for the weight decay.
 
-  Without a custom getter, the variable itself. Under a casting getter
+  Without a custom getter, what it was given (float32). Under a casting getter
   (training/mixed_precision.py's float16_getter, bfloat16_getter), get_variable
   returns tf.cast(variable, dtype), and the float32 read that cast was made from is
   its op's input: the decay taken on it rounds neither its value nor its gradient

@@ -47,6 +47,8 @@ def get_weight_variable(shape, regularizer):
   weights = tf.compat.v1.get_variable(
       'weights', shape, initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.1))
   if regularizer is not None:
+    # The layer and its L2 term share one read: on a ps task each read is a transfer.
+    weights = tf.convert_to_tensor(weights)
     tf.compat.v1.add_to_collection(LOSSES, regularizer(_float32_value(weights)))
   return weights
 
@@ -54,7 +56,7 @@ def get_weight_variable(shape, regularizer):
 def _float32_value(var):
   """The float32 value behind what get_variable returned, for the L2 terms.
 
-  Without a custom getter, the variable itself. Under a casting getter
+  Without a custom getter, what it was given (float32). Under a casting getter
   (training/mixed_precision.py's float16_getter, bfloat16_getter), get_variable
   returns tf.cast(variable, dtype), and the float32 read that cast was made from is
   its op's input: the term taken on it rounds neither its value nor its gradient
