@@ -23,8 +23,8 @@ applied (global steps x --replicas_to_aggregate x images per step) as well.
 Bytes: this process reads the transmit counter of the loopback interface the
 launcher sees (/proc/<its pid>/net/dev) as each loss line arrives; over the window,
 its growth per global step is what went through 127.0.0.1 for one update: variables
-to the workers, gradients to the ps, gRPC's framing and the runtime's own messages. Beside it, the
-floor: the trainable parameters (the start-up line's count) x 4 bytes, read and
+to the workers, gradients to the ps, gRPC's framing and the runtime's own messages.
+Beside it, the floor: the trainable parameters (the start-up line's count) x 4 bytes, read and
 pushed back once per update in async, once by every worker in sync (a backup
 worker's gradient is sent too, then dropped). --local_cluster's tasks run in a
 network namespace of their own where Linux allows it (the launcher says so), and
@@ -73,7 +73,7 @@ QUICK_RUNS = 4  # --quick: the baseline and one run of each kind up to two async
 
 
 def runs_for(args):
-  """RUNS; --quick, a smoke test kept near a minute, leaves out two workers in sync."""
+  """RUNS; --quick, a smoke test kept near a minute, leaves out the two-worker sync runs."""
   return RUNS[:QUICK_RUNS] if args.quick else RUNS
 
 
@@ -188,17 +188,16 @@ def bytes_per_update(samples, opens, closes):
            if opens <= when <= closes and sent is not None]
   if len(found) < 2:
     return None
-  first_step = found[0][0]
-  last_step = max(step for step, _ in found)
-  return (found[-1][1] - found[0][1]) / (last_step - first_step) if last_step > first_step else None
+  steps = max(step for step, _ in found) - found[0][0]  # async lines may come out of order
+  return (found[-1][1] - found[0][1]) / steps if steps > 0 else None
 
 
 def loss_line_samples(output, sent):
   """[(printed at, global step, bytes sent when read)] from output's loss lines, whose
   i-th line was read when the counter stood at sent[i]."""
   samples = []
-  for line, bytes_sent in zip((l for l in output.splitlines() if LOSS_LINE.match(l)), sent):
-    match = LOSS_LINE.match(line)
+  matches = filter(None, map(LOSS_LINE.match, output.splitlines()))
+  for match, bytes_sent in zip(matches, sent):
     samples.append((datetime.datetime.fromisoformat(match.group('time')).timestamp(),
                     int(match.group('step')), bytes_sent))
   return samples
