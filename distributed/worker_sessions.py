@@ -259,9 +259,8 @@ class WriteSummaries(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     del coord
     if self._writer is None:  # the first session; a reopened one writes on
-      self._writer = summaries.SummaryWriter(self._train_dir, session.graph)
-      self._writer.add_summary(summaries.text_summary('run_record', self._record),
-                               self._record['start_step'])
+      self._writer = summaries.start_writer(self._train_dir, session.graph, self._record,
+                                            self._record['start_step'])
 
   def before_run(self, run_context):
     del run_context

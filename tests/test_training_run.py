@@ -401,14 +401,14 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
   mine = ['model.ckpt-2.txt', 'notes.tmp', 'checkpoint.old']  # not names a save leaves
   for name in mine:
     (train_dir / name).write_text('mine')
-  path, step, kept, notes = checkpoints.checkpoint_to_resume(str(train_dir))
+  path, step, notes = checkpoints.checkpoint_to_resume(str(train_dir))
   assert (path, step) == (str(train_dir / 'model.ckpt-3'), 0)
   assert notes == ['Removed what interrupted runs left in %s: %s.' % (train_dir, ', '.join(
       sorted(leftovers + ['model.ckpt-9.data-00000-of-00001'])))]
   assert set(os.listdir(train_dir)) == _checkpoint_files(train_dir, 3) | set(mine) | {
       'checkpoint'}
   assert (outside / 'model.ckpt-9.data-00000-of-00001').read_text() == 'not ours'
-  assert checkpoints.checkpoint_to_resume(str(train_dir))[3] == []  # nothing left
+  assert checkpoints.checkpoint_to_resume(str(train_dir))[2] == []  # nothing left
 
 
 # ---- A second signal stops at once, even inside TensorFlow ---------------------------

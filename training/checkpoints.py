@@ -1,6 +1,6 @@
 """Checkpoints: the one to resume (read whole), saving with rotation, failed writes.
 
-    path, step, kept, notes = checkpoint_to_resume(train_dir)  # also clears leftovers
+    path, step, notes = checkpoint_to_resume(train_dir)  # also clears leftovers
     saver = make_saver(var_list)            # relative paths; never deletes anything
     save_checkpoint(sess, saver, train_dir, step, keep)  # writes, rotates; one-line errors
 
@@ -114,9 +114,8 @@ def checkpoint_to_resume(train_dir):
   left of their checkpoint writes (remove_leftovers).
 
   Returns:
-    (path, global step, the checkpoints of train_dir that save_checkpoint's
-     rotation continues with, oldest first, notes to print), or
-    (None, 0, [], notes) for a directory with no checkpoint.
+    (path, global step, notes to print), or (None, 0, notes) for a directory with
+    no checkpoint. (save_checkpoint's rotation reads the state file itself.)
 
   Raises:
     TrainingError: the state file or the checkpoint it names cannot be read, or
@@ -125,8 +124,8 @@ def checkpoint_to_resume(train_dir):
   notes = remove_leftovers(train_dir)
   named = read_state_file(train_dir) if os.path.isdir(train_dir) else None
   if named is None:
-    path, step, kept, more_notes = _newest_whole_checkpoint(train_dir)
-    return path, step, kept, notes + more_notes
+    path, step, more_notes = _newest_whole_checkpoint(train_dir)
+    return path, step, notes + more_notes
   paths = [in_this_dir(train_dir, p, notes) for p in named]
   path = paths[0]
   try:
@@ -136,7 +135,7 @@ def checkpoint_to_resume(train_dir):
         'checkpoint %s (named in %s) cannot be read: %s. Point "checkpoint" at an '
         'older %s-<step> in that directory, or pass --fresh to start from step 0.'
         % (path, os.path.join(train_dir, STATE_FILE), e, CHECKPOINT_PREFIX)) from None
-  return path, step, _own_checkpoints(train_dir, paths), notes
+  return path, step, notes
 
 
 def _own_checkpoints(train_dir, paths):
@@ -164,7 +163,7 @@ def _rotation(train_dir):
 def _newest_whole_checkpoint(train_dir):
   found = _checkpoints_on_disk(train_dir) if os.path.isdir(train_dir) else []
   if not found:
-    return None, 0, [], []
+    return None, 0, []
   skipped = []
   for path in found:
     try:
@@ -177,7 +176,7 @@ def _newest_whole_checkpoint(train_dir):
             % (train_dir, STATE_FILE, os.path.basename(path)))
     if skipped:
       note += ' Skipped, unreadable: %s.' % '; '.join(skipped)
-    return path, step, list(reversed(found)), [note]
+    return path, step, [note]
   raise TrainingError(
       '%s holds checkpoints but none reads whole: %s. Pass --fresh to set them aside '
       'and start from step 0.' % (train_dir, '; '.join(skipped)))

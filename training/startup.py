@@ -42,8 +42,8 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
   if os.path.isdir(train_dir):  # before reading its checkpoints
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
     locked = True
-  checkpoint, start_step, _, notes = (
-      (None, 0, [], []) if settings.fresh else checkpoints.checkpoint_to_resume(train_dir))
+  checkpoint, start_step, notes = (
+      (None, 0, []) if settings.fresh else checkpoints.checkpoint_to_resume(train_dir))
   for note in notes:
     print(note)
   if start_step >= settings.max_steps and stop_when_done:

@@ -170,7 +170,13 @@ def open_writer(sess, run, summary_steps, record):
   """
   if not summary_steps:
     return None
-  writer = SummaryWriter(run.train_dir, sess.graph if not run.checkpoint else None)
-  # Runs compared side by side in TensorBoard say what differed.
-  writer.add_summary(text_summary('run_record', record), run.start_step)
+  return start_writer(run.train_dir, sess.graph if not run.checkpoint else None, record,
+                      run.start_step)
+
+
+def start_writer(train_dir, graph, record, start_step):
+  """A SummaryWriter on train_dir whose first event is the run record: runs compared
+  side by side in TensorBoard say what differed. graph: None leaves it out."""
+  writer = SummaryWriter(train_dir, graph)
+  writer.add_summary(text_summary('run_record', record), start_step)
   return writer
