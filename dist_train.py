@@ -326,11 +326,9 @@ def build(run, settings, worker, data, epoch, record):
   worker is unscaled float32 whatever the other workers did to the scale meanwhile.
   Who checks it and skips is the update's business (async_update, sync_update).
   """
-  worker_device = '/job:worker/task:%d' % run.task_index
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
-  with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-      cluster=run.cluster, worker_device=worker_device)):
+  with tf.compat.v1.device(replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
       next_batch = tf.compat.v1.data.make_one_shot_iterator(inputs.train_dataset(
           data.input, settings.data_dir, settings.batch_size, settings.synthetic)).get_next
@@ -375,6 +373,48 @@ def build(run, settings, worker, data, epoch, record):
                     skip_check)
 
 
+def replica_devices(cluster, task_index):
+  """The device function a worker builds under: its ops on /job:worker/task:<index>,
+  each variable on the ps task holding the fewest bytes so far.
+
+  replica_device_setter's default deals the variables to the ps tasks in turn, in
+  the order they are made: with 2 ps tasks every weight of this model went to one and
+  every bias to the other. By size, the task holding local3/weights (83% of the
+  model) gets little else.
+  """
+  loads = [0] * cluster.num_tasks('ps')
+
+  def least_loaded(op):
+    task = loads.index(min(loads))
+    loads[task] += variable_bytes(op)
+    return task
+  return tf.compat.v1.train.replica_device_setter(
+      cluster=cluster, worker_device='/job:worker/task:%d' % task_index,
+      ps_strategy=least_loaded)
+
+
+def variable_bytes(op):
+  """The bytes of the variable op makes (VarHandleOp, VariableV2); 0 for other ps ops."""
+  try:
+    shape = tf.TensorShape(op.get_attr('shape'))
+    return (shape.num_elements() or 0) * tf.as_dtype(op.get_attr('dtype')).size
+  except (ValueError, AttributeError):  # no such attribute, or not an Operation
+    return 0
+
+
+def bytes_by_ps_task(num_ps):
+  """' (ps0 0.71 MB, ps1 3.56 MB)': where the trainable variables landed; '' with one
+  ps task."""
+  if num_ps < 2:
+    return ''
+  found = [0] * num_ps
+  for var in tf.compat.v1.trainable_variables():
+    found[tf.DeviceSpec.from_string(var.device).task or 0] += (
+        var.shape.num_elements() * var.dtype.base_dtype.size)
+  return ' (%s)' % ', '.join('ps%d %.2f MB' % (task, size / 1e6)
+                             for task, size in enumerate(found))
+
+
 def chief_hooks(run, settings, model, scaffold, global_step, record):
   """The chief's checkpoints (SaveCheckpoints) and summaries, through
   the machinery multi_gpu_train.py saves and summarises with."""
@@ -395,8 +435,8 @@ def print_start(run, graph, settings, model, epoch):
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
-  print('ps tasks %s hold %d trainable parameters' % (','.join(run.ps_hosts),
-                                                      startup.num_parameters()))
+  print('ps tasks %s hold %d trainable parameters%s' % (
+      ','.join(run.ps_hosts), startup.num_parameters(), bytes_by_ps_task(len(run.ps_hosts))))
   replicas_to_aggregate = graph.replicas_to_aggregate
   if replicas_to_aggregate:
     print('sync: each update averages %d gradients of %d images (%d x %d towers) from '

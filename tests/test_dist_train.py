@@ -1130,6 +1130,25 @@ def test_tower_reads_each_variable_from_the_ps_once_a_step(model_name):
     assert len(sent) == 1, (var.name, [(r.name, [c.name for c in r.consumers()]) for r in sent])
 
 
+def test_variables_dealt_to_the_ps_tasks_by_size_and_said_at_start_up():
+  """replica_device_setter's round robin put every weight of the model on ps 1 (4.27 of
+  4.27 MB) and every bias on ps 0; by size, the task holding local3/weights (83% of the
+  bytes) takes only what keeps it least loaded at the time."""
+  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1', '127.0.0.1:2'],
+                                  'worker': ['127.0.0.1:3']})
+  with tf.Graph().as_default():
+    with tf.compat.v1.device(dist_train.replica_devices(cluster, 0)):
+      tf.compat.v1.train.get_or_create_global_step()
+      with tf.name_scope('tower_0') as scope:
+        multi_gpu_train.tower_loss(scope, tf.zeros([2, 24, 24, 3]), tf.zeros([2], tf.int32))
+    placed = {var.op.name: var.device for var in tf.compat.v1.trainable_variables()}
+    said = dist_train.bytes_by_ps_task(2)
+  assert {name for name, device in placed.items() if device == '/job:ps/task:1'} == {
+      'conv1/weights', 'conv2/biases', 'local3/weights'}
+  assert set(placed.values()) == {'/job:ps/task:0', '/job:ps/task:1'}
+  assert said == ' (ps0 0.71 MB, ps1 3.56 MB)'
+
+
 def test_moving_averages_computed_on_the_ps_task_of_their_variable():
   """Under replica_device_setter each average's arithmetic sits beside its variable;
   on the worker it would pull every variable and its average over the network and push
