@@ -386,20 +386,11 @@ def replica_devices(cluster, task_index):
 
   def least_loaded(op):
     task = loads.index(min(loads))
-    loads[task] += variable_bytes(op)
+    loads[task] += memory_check.variable_bytes(op)
     return task
   return tf.compat.v1.train.replica_device_setter(
       cluster=cluster, worker_device='/job:worker/task:%d' % task_index,
       ps_strategy=least_loaded)
-
-
-def variable_bytes(op):
-  """The bytes of the variable op makes (VarHandleOp, VariableV2); 0 for other ps ops."""
-  try:
-    shape = tf.TensorShape(op.get_attr('shape'))
-    return (shape.num_elements() or 0) * tf.as_dtype(op.get_attr('dtype')).size
-  except (ValueError, AttributeError):  # no such attribute, or not an Operation
-    return 0
 
 
 def bytes_by_ps_task(num_ps):
@@ -409,8 +400,7 @@ def bytes_by_ps_task(num_ps):
     return ''
   found = [0] * num_ps
   for var in tf.compat.v1.trainable_variables():
-    found[tf.DeviceSpec.from_string(var.device).task or 0] += (
-        var.shape.num_elements() * var.dtype.base_dtype.size)
+    found[tf.DeviceSpec.from_string(var.device).task or 0] += memory_check.variable_bytes(var.op)
   return ' (%s)' % ', '.join('ps%d %.2f MB' % (task, size / 1e6)
                              for task, size in enumerate(found))
 

@@ -25,6 +25,7 @@ from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFI
                      WORKER_LOSS_LINE, matches)
 from distributed import cluster_env, local_cluster
 import cifar10
+import mnist
 import multi_gpu_train
 from training import checkpoints, updates
 from training.settings import Settings
@@ -1110,7 +1111,6 @@ def test_tower_reads_each_variable_from_the_ps_once_a_step(model_name):
   """A step's forward pass, weight decay and gradients share one read of each variable:
   under replica_device_setter every read consumed on the worker is one transfer of the
   whole variable from the ps (the decay's own read of local3's weights was 3.5 MB a step)."""
-  import mnist
   model = {'cifar10': cifar10, 'mnist': mnist}[model_name]
   shape = [2, 24, 24, 3] if model_name == 'cifar10' else [2, 784]
   cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']})

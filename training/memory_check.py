@@ -84,7 +84,7 @@ def estimate_step_bytes(fetches, device_type=None):
     if device_type is not None and _device_type(op) != device_type.upper():
       continue
     if op.type in VARIABLES:
-      total += _bytes(tf.TensorShape(op.get_attr('shape')), op.get_attr('dtype'))
+      total += variable_bytes(op)
     elif op.type not in VIEWS and op.type not in VARIABLE_READS:
       total += sum(_bytes(t.shape, t.dtype) for t in op.outputs)
   return total
@@ -108,6 +108,14 @@ def _ops_run_by(fetches):
 
 def _device_type(op):
   return (tf.DeviceSpec.from_string(op.device).device_type or 'CPU').upper()
+
+
+def variable_bytes(op):
+  """The bytes of the variable an op of VARIABLES makes (from its attributes); 0 for
+  any other op (replica_device_setter also places hash tables on the ps tasks)."""
+  if getattr(op, 'type', None) not in VARIABLES:
+    return 0
+  return _bytes(tf.TensorShape(op.get_attr('shape')), op.get_attr('dtype'))
 
 
 def _bytes(shape, dtype):
