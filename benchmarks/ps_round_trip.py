@@ -28,7 +28,17 @@ part to the row above it:
   save step      the same on a step that saves a checkpoint
   sync           SyncReplicasOptimizer's step, one worker (the chief), its hooks
 ps plain - local plain splits into moving the variables (both, via ps - local) and
-the distributed runtime's share (the rest).
+the distributed runtime's share (the rest). Beside each step, the CPU time it took
+in this process (the worker) and in the ps task: the ps task shares this machine's
+cores with the worker, and what it and gRPC spend is taken from the towers.
+
+    python benchmarks/ps_round_trip.py --ps_cpus=1   # the ps task on CPU 1, the worker
+                                                     # and the local steps on the others
+
+--ps_cpus gives the ps task cores of its own, as a ps task on a machine of its own
+has: the worker then pays the transfers' latency and its own share of their CPU,
+not the ps task's. This process re-executes itself once on the other CPUs, so that
+TensorFlow sizes its thread pools for them.
 """
 import argparse
 import collections
@@ -62,13 +72,16 @@ WORKER = '/job:worker/task:0'
 # Closing a session: how long the sync chief's queue runner, waiting in take_grad, may
 # take to stop (MonitoredSession's default, 120 s, would be spent in full every run).
 CLOSE_SECS = 2
-PS_CODE = ('import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
+# argv: the ps address, the worker's, then the CPUs to pin the ps task to, if any
+PS_CODE = ('import os, sys; sys.argv[3:] and os.sched_setaffinity(0, map(int, sys.argv[3:])); '
+           'import tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
            '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
 TRANSFERS = ('read', 'send', 'both')
 STEPS = ('local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks',
          'summary step', 'save step', 'sync')
 # What dist_train.py's worker passes to sync_update: itself, the only worker.
 SyncRun = collections.namedtuple('SyncRun', 'num_workers task_index')
+KEPT_OFF_ENV = 'PS_ROUND_TRIP_KEPT_OFF'  # set in the process --ps_cpus re-executed
 SyncWorker = collections.namedtuple('SyncWorker', 'replicas_to_aggregate')
 
 
@@ -161,20 +174,35 @@ def open_step(kind, cluster, target, train_dir):
   return sess, fetches, tf.compat.v1.RunOptions(timeout_in_ms=3600 * 1000)
 
 
-def time_kinds(runs, rounds):
-  """{kind: median ms}: runs {kind: (session, fetches, run options)}, each kind once per
-  round, in turn, after WARMUP rounds."""
+Timing = collections.namedtuple('Timing', 'ms cpu_ms ps_cpu_ms')
+
+
+def time_kinds(runs, rounds, ps_pid):
+  """{kind: Timing}: runs {kind: (session, fetches, run options)}, each kind once per
+  round, in turn, after WARMUP rounds. ms: the median sess.run; cpu_ms, ps_cpu_ms: the
+  mean CPU time of a run in this process and in the ps task (process ps_pid)."""
   times = {kind: [] for kind in runs}
+  cpu = {kind: [0.0, 0.0] for kind in runs}
   for i in range(WARMUP + rounds):
     for kind, (sess, fetches, options) in runs.items():
+      ps_start, cpu_start = process_cpu_secs(ps_pid), time.process_time()
       start = time.perf_counter()
       sess.run(fetches, options=options)
       if i >= WARMUP:
         times[kind].append(time.perf_counter() - start)
-  return {kind: 1000 * statistics.median(t) for kind, t in times.items()}
+        cpu[kind][0] += time.process_time() - cpu_start
+        cpu[kind][1] += process_cpu_secs(ps_pid) - ps_start
+  return {kind: Timing(1000 * statistics.median(t), *(1000 * c / rounds for c in cpu[kind]))
+          for kind, t in times.items()}
 
 
-def time_transfers(cluster, target, rounds):
+def process_cpu_secs(pid):
+  """CPU seconds process pid has used, all its threads: Linux's CPU-time clock of a
+  process (what clock_getcpuclockid returns; Python does not wrap that call)."""
+  return time.clock_gettime((~pid << 3) | 2)  # CPUCLOCK_SCHED, of the whole process
+
+
+def time_transfers(cluster, target, rounds, ps_pid):
   """({kind: ms via the ps}, {kind: ms local}, number of variables, their megabytes)."""
   timed = []
   for device_setter, master in ((tf.compat.v1.train.replica_device_setter(cluster=cluster),
@@ -183,19 +211,20 @@ def time_transfers(cluster, target, rounds):
       variables, ops = build_transfers(device_setter)
       with tf.compat.v1.Session(master) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        timed.append(time_kinds({kind: (sess, op, None) for kind, op in ops.items()}, rounds))
+        timed.append({kind: timing.ms for kind, timing in time_kinds(
+            {kind: (sess, op, None) for kind, op in ops.items()}, rounds, ps_pid).items()})
   megabytes = sum(v.shape.num_elements() * 4 for v in variables) / 1e6
   return timed[0], timed[1], len(variables), megabytes
 
 
-def time_steps(cluster, target, rounds):
-  """{kind: ms} for STEPS, interleaved."""
+def time_steps(cluster, target, rounds, ps_pid):
+  """{kind: Timing} for STEPS, interleaved."""
   with tempfile.TemporaryDirectory(prefix='ps_round_trip_') as root, \
       contextlib.redirect_stdout(io.StringIO()):  # the save step's 'Saved checkpoint' lines
     runs = {kind: open_step(kind, cluster, target, os.path.join(root, 'kind%d' % i))
             for i, kind in enumerate(STEPS)}
     try:
-      return time_kinds(runs, rounds)
+      return time_kinds(runs, rounds, ps_pid)
     finally:
       for sess, _, _ in runs.values():
         sess.close()
@@ -210,48 +239,93 @@ def print_transfers(remote, local, num_variables, megabytes, rounds):
 
 
 def print_split(step, transfer):
-  """The step table: each row, and what it adds to the one it builds on."""
-  ms = lambda kind, base: '%8.2f %+8.2f' % (step[kind], step[kind] - step[base])
-  runtime = step['ps plain'] - step['local plain'] - transfer
+  """The step table: each row, what it adds to the one it builds on, its CPU time."""
+  ms = {kind: timing.ms for kind, timing in step.items()}
+  runtime = ms['ps plain'] - ms['local plain'] - transfer
   print()
-  print('One step of %d images on 1 tower, ms per sess.run, and what it adds:' % STEP_BATCH)
-  rows = [
-      ('local: multi_gpu_train.py\'s step', '%8.2f' % step['local']),
-      ('local plain: no global step, no averages', ms('local plain', 'local')),
-      ('ps plain: variables on the ps', ms('ps plain', 'local plain')),
-      ('  moving the variables (both, via ps - local)', '%17.2f' % transfer),
-      ('  the distributed runtime (the rest)', '%17.2f' % runtime),
-      ('+ claim: count_up_to before the apply', ms('+ claim', 'ps plain')),
-      ('+ averages: async_update\'s step', ms('+ averages', '+ claim')),
-      ('+ hooks: MonitoredSession, chief\'s hooks', ms('+ hooks', '+ averages')),
-      ('summary step: the same, writing summaries', ms('summary step', '+ hooks')),
-      ('save step: the same, saving a checkpoint', ms('save step', '+ hooks')),
-      ('sync: SyncReplicasOptimizer, its hooks', ms('sync', '+ hooks'))]
-  for label, numbers in rows:
-    print('%-46s %s' % (label, numbers))
+  print('One step of %d images on 1 tower: ms per sess.run, what it adds, and its CPU ms in '
+        'this process (the worker) and in the ps task, means' % STEP_BATCH)
+  rows = [  # (label, kind, the kind it adds to); kind None: a part of the row above
+      ('local: multi_gpu_train.py\'s step', 'local', None),
+      ('local plain: no global step, no averages', 'local plain', 'local'),
+      ('ps plain: variables on the ps', 'ps plain', 'local plain'),
+      ('  moving the variables (both, via ps - local)', None, transfer),
+      ('  the distributed runtime (the rest)', None, runtime),
+      ('+ claim: count_up_to before the apply', '+ claim', 'ps plain'),
+      ('+ averages: async_update\'s step', '+ averages', '+ claim'),
+      ('+ hooks: MonitoredSession, chief\'s hooks', '+ hooks', '+ averages'),
+      ('summary step: the same, writing summaries', 'summary step', '+ hooks'),
+      ('save step: the same, saving a checkpoint', 'save step', '+ hooks'),
+      ('sync: SyncReplicasOptimizer, its hooks', 'sync', '+ hooks')]
+  print('%-46s %8s %8s %8s %8s' % ('', 'ms', 'adds', 'CPU', 'ps CPU'))
+  for label, kind, base in rows:
+    if kind is None:
+      print('%-46s %17.2f' % (label, base))
+      continue
+    adds = '' if base is None else '%+8.2f' % (ms[kind] - ms[base])
+    print('%-46s %8.2f %8s %8.1f %8.1f' % (label, ms[kind], adds, step[kind].cpu_ms,
+                                          step[kind].ps_cpu_ms))
   print('an async step (+ hooks) runs at %.2fx multi_gpu_train.py\'s rate; a sync step at '
-        '%.2fx' % (step['local'] / step['+ hooks'], step['local'] / step['sync']))
+        '%.2fx' % (ms['local'] / ms['+ hooks'], ms['local'] / ms['sync']))
+  cpu = lambda kind: step[kind].cpu_ms + step[kind].ps_cpu_ms
+  print('CPU ms per step, worker and ps task together: async %.1f, sync %.1f, local %.1f (this '
+        'process on CPUs %s)' % (cpu('+ hooks'), cpu('sync'), cpu('local'),
+                                 cpu_names(os.sched_getaffinity(0))))
+
+
+def keep_off(ps_cpus, parser):
+  """--ps_cpus: re-executes this process once on its CPUs other than ps_cpus, so that
+  TensorFlow, imported above, sizes its thread pools for those."""
+  if os.environ.get(KEPT_OFF_ENV):
+    return  # the process re-executed
+  allowed = os.sched_getaffinity(0)
+  if not ps_cpus < allowed:
+    parser.error('--ps_cpus=%s: give some of the CPUs this process may run on (%s), not all '
+                 'of them' % (cpu_names(ps_cpus), cpu_names(allowed)))
+  os.sched_setaffinity(0, allowed - ps_cpus)
+  os.environ[KEPT_OFF_ENV] = '1'
+  os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+def cpu_names(cpus):
+  return ','.join(map(str, sorted(cpus)))
+
+
+def cpu_list(text):
+  """'1' or '2,3' as a set of CPU numbers, for argparse."""
+  try:
+    return {int(cpu) for cpu in text.split(',')}
+  except ValueError:
+    raise argparse.ArgumentTypeError('expected CPU numbers, comma separated, got %r' % text)
 
 
 def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=ROUNDS, help='timed runs per kind')
-  rounds = parser.parse_args(argv).rounds
-  if rounds < 1:
-    parser.error('--rounds must be at least 1, got %d' % rounds)
+  parser.add_argument('--ps_cpus', type=cpu_list, default=set(),
+                      help='CPUs for the ps task alone, e.g. 1; this process runs on the others')
+  args = parser.parse_args(argv)
+  if args.rounds < 1:
+    parser.error('--rounds must be at least 1, got %d' % args.rounds)
+  if args.ps_cpus:
+    keep_off(args.ps_cpus, parser)
+    print('the ps task on CPUs %s, this worker on CPUs %s' % (
+        cpu_names(args.ps_cpus), cpu_names(os.sched_getaffinity(0))))
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
   ps_port, worker_port = local_cluster.free_ports(2)
   ps, worker = '127.0.0.1:%d' % ps_port, '127.0.0.1:%d' % worker_port
-  ps_task = subprocess.Popen([sys.executable, '-c', PS_CODE, ps, worker])
+  ps_task = subprocess.Popen([sys.executable, '-c', PS_CODE, ps, worker] +
+                             [str(cpu) for cpu in sorted(args.ps_cpus)])
   try:
     cluster = tf.train.ClusterSpec({'ps': [ps], 'worker': [worker]})
     server = tf.distribute.Server(cluster, 'worker', 0)
-    remote, local, num_variables, megabytes = time_transfers(cluster, server.target, rounds)
-    step = time_steps(cluster, server.target, rounds)
+    remote, local, num_variables, megabytes = time_transfers(cluster, server.target,
+                                                             args.rounds, ps_task.pid)
+    step = time_steps(cluster, server.target, args.rounds, ps_task.pid)
   finally:
     ps_task.kill()
-  print_transfers(remote, local, num_variables, megabytes, rounds)
+  print_transfers(remote, local, num_variables, megabytes, args.rounds)
   print_split(step, remote['both'] - local['both'])
 
 

@@ -12,6 +12,7 @@ REAL_OVER_SYNTHETIC = 0.95  # real input / synthetic input, every N
 SEEDED_OVER_UNSEEDED = 0.95  # real input with --seed / without, N = 1
 DIST_OVER_LOCAL = 0.9       # dist_train.py, 1 ps + 1 worker / multi_gpu_train.py, async and sync
 BF16_OVER_FLOAT32 = 1.3     # ours --use_bf16 / ours float32, both oneDNN on, synthetic, every N
+BF16_OVER_FIT = 1.2         # ours --use_bf16 / the model.fit peer under mixed_bfloat16, every N
 
 
 def check(rows, dist):
@@ -23,6 +24,9 @@ def check(rows, dist):
   """
   def per_n(key):
     return {'N=%s' % n: row[key] for n, row in rows.items()}
+
+  def per_n_bf16(key):  # rows with a bfloat16 row (a CPU with bfloat16 units)
+    return {'N=%s' % n: row['bf16'][key] for n, row in rows.items() if row.get('bf16')}
 
   one_worker = {'sync' if row['sync'] else 'async': row['vs_multi_gpu_train']
                 for row in (dist or {}).values() if row['workers'] == 1}
@@ -37,8 +41,9 @@ def check(rows, dist):
        {'N=1': rows['1'].get('seeded_over_unseeded')} if '1' in rows else {}),
       ('dist_train.py 1 worker / multi_gpu_train.py', DIST_OVER_LOCAL, '%.2f', one_worker),
       ('ours bfloat16 / ours float32, every N', BF16_OVER_FLOAT32, '%.2f',
-       {'N=%s' % n: row['bf16']['over_float32']['synthetic'] for n, row in rows.items()
-        if row.get('bf16')}),
+       {n: over['synthetic'] for n, over in per_n_bf16('over_float32').items()}),
+      ('ours bfloat16 / model.fit peer bfloat16, every N', BF16_OVER_FIT, '%.2f',
+       per_n_bf16('ours_over_fit')),
   ]
   print()
   print('Targets, each against what this run measured:')
@@ -52,7 +57,7 @@ def check(rows, dist):
       short = 1 - measured[worst] / goal
       verdict = 'met' if short <= 0 else 'SHORT by %.1f%% (%s: %s)' % (
           100 * short, worst, show(measured[worst]))
-    print('  %-44s >= %-5s  %-34s  %s' % (name, show(goal), ', '.join(
+    print('  %-48s >= %-5s  %-34s  %s' % (name, show(goal), ', '.join(
         '%s %s' % (where, show(value)) for where, value in measured.items()), verdict))
     results.append(dict(name=name, goal=goal, measured=measured, verdict=verdict))
   return results
