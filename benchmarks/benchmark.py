@@ -5,7 +5,7 @@
     python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
     python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
     python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
-    python benchmarks/benchmark.py --profile --towers=1   # op time by op type, oneDNN off and on
+    python benchmarks/benchmark.py --profile --towers=1   # op time by op type: oneDNN off, on, bf16
 
 On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
 halves the numbers, so the start-up line prints the load average. The model costs 105.3

@@ -1,22 +1,27 @@
-"""--profile: where one step of ours goes, op type by op type, with oneDNN off and on."""
+"""--profile: where one step of ours goes, op type by op type: oneDNN off and on, and
+with --use_bf16 (oneDNN on) on a CPU with bfloat16 units."""
 import statistics
 
-from runner import ONEDNN_SETTINGS, OURS_ONEDNN, Runner, onednn_name, ours_config
+from runner import BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, Runner, onednn_name, ours_config
 
 TRACED_STEPS = 3                  # traced steps per setting; op times are their mean
 SHOWN_SHARE = 0.005               # op types below this share of op time go into "the rest"
 
 
 def run_profile(args):
-  """Traces ours at the first of --towers, synthetic input, under each oneDNN setting."""
+  """Traces ours at the first of --towers, synthetic input, under each oneDNN setting,
+  then in bfloat16 where this CPU has the units. Keys: 'off', 'on', 'on, bfloat16'."""
   towers = args.towers[0]
-  runner = Runner(len(ONEDNN_SETTINGS))
+  settings = [(onednn_name(on), dict(onednn=on)) for on in ONEDNN_SETTINGS]
+  if BF16_UNITS:
+    settings.append(('on, bfloat16', dict(onednn=True, use_bf16=True)))
+  runner = Runner(len(settings))
   results = {}
-  for on in ONEDNN_SETTINGS:
+  for name, overrides in settings:
     config = ours_config(args, towers, 'synthetic', kind='profile', steps=TRACED_STEPS,
-                         onednn=on)
-    results[onednn_name(on)] = runner.run('ours N=%d synthetic traced, oneDNN %s'
-                                          % (towers, onednn_name(on)), config)
+                         **overrides)
+    results[name] = runner.run('ours N=%d synthetic traced, oneDNN %s' % (towers, name),
+                               config)
   print()
   print('One step of ours, N=%d, %d images per tower, synthetic: op time per step (ms) and '
         'share of all op time, mean of %d traced steps after %d warm-up; ops on the two '

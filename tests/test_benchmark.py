@@ -323,14 +323,14 @@ def test_targets_check_short_target_says_by_how_much(capsys):
 
 
 @pytest.mark.slow
-def test_benchmark_profile_lists_op_types_of_a_traced_step_both_settings(tmp_path):
+def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path):
   json_path = tmp_path / 'profile.json'
   run = helpers.run(['benchmarks/benchmark.py', '--profile', '--towers=1', '--batch_size=8',
                      '--warmup=1', '--json', str(json_path)], timeout=TIMEOUT_SECS,
                     cwd=str(tmp_path))
   assert run.code == 0, run.log()
   profile = json.loads(json_path.read_text())['profile']
-  assert sorted(profile) == ['off', 'on']
+  assert sorted(profile) == ['off', 'on'] + (['on, bfloat16'] if runner.BF16_UNITS else [])
   for setting, result in profile.items():
     assert len(result['durations']) == 3 and all(d > 0 for d in result['durations'])
     ops = result['ms_per_step']
@@ -340,6 +340,9 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_both_settings(tmp_pat
     assert 'oneDNN %s: traced step ' % setting in run.out
   assert '_MklNative' in ' '.join(profile['on']['ms_per_step'])  # oneDNN's own kernels ran
   assert '_MklNative' not in ' '.join(profile['off']['ms_per_step'])
+  if runner.BF16_UNITS:  # every variable, and the LRN's input, cast to bfloat16 and back
+    casts = {name: result['ms_per_step'].get('Cast', 0) for name, result in profile.items()}
+    assert casts['on, bfloat16'] > casts['on'], casts
 
 
 @pytest.mark.slow
