@@ -76,12 +76,12 @@ CLOSE_SECS = 2
 PS_CODE = ('import os, sys; sys.argv[3:] and os.sched_setaffinity(0, map(int, sys.argv[3:])); '
            'import tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec('
            '{"ps": [sys.argv[1]], "worker": [sys.argv[2]]}), "ps", 0).join()')
+KEPT_OFF_ENV = 'PS_ROUND_TRIP_KEPT_OFF'  # set in the process --ps_cpus re-executed
 TRANSFERS = ('read', 'send', 'both')
 STEPS = ('local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks',
          'summary step', 'save step', 'sync')
 # What dist_train.py's worker passes to sync_update: itself, the only worker.
 SyncRun = collections.namedtuple('SyncRun', 'num_workers task_index')
-KEPT_OFF_ENV = 'PS_ROUND_TRIP_KEPT_OFF'  # set in the process --ps_cpus re-executed
 SyncWorker = collections.namedtuple('SyncWorker', 'replicas_to_aggregate')
 
 
