@@ -227,6 +227,7 @@ def build(next_batch, devices, batch_size, examples_per_epoch, model=cifar10,
 AsyncTrainGraph = collections.namedtuple('AsyncTrainGraph', [
     'train_ops',            # one per tower: its own update, then the moving averages
     'loss',                 # float32 scalar: tower 0's, which its own train op computes
+    'step_after',           # int64 scalar: the global step read after tower 0's update
     'global_step', 'decay_steps', 'examples_per_update', 'summary_op',  # as TrainGraph's
 ])
 
@@ -250,9 +251,11 @@ def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar
     ema = moving_averages(global_step, model)
     train_ops = [then_average(opt.apply_gradients(grads, global_step=global_step), ema)
                  for grads in towers.grads]
+    with tf.control_dependencies([train_ops[0]]):  # the other towers' updates so far too
+      step_after = tf.identity(global_step.read_value())
   summary_op = (build_summaries([0], towers.losses, towers.grads[0], lr, model)
                 if summaries else None)
-  return AsyncTrainGraph(train_ops, towers.losses[0], global_step, decay_steps,
+  return AsyncTrainGraph(train_ops, towers.losses[0], step_after, global_step, decay_steps,
                          batch_size, summary_op)
 
 
@@ -415,12 +418,13 @@ def loop_async(sess, run, graph, settings, stop):
   try:
     while not stop.requested and take_update():
       summarize = writer and step % settings.summary_steps == 0
-      fetches = [graph.train_ops[0], graph.loss] + ([graph.summary_op] if summarize else [])
+      fetches = [graph.train_ops[0], graph.loss, graph.step_after] + (
+          [graph.summary_op] if summarize else [])
       start_time = time.time()
       results = sess.run(fetches)
       duration = time.time() - start_time
       updates_by_tower[0] += 1
-      previous, step = step, sess.run(graph.global_step)  # the other towers' updates too
+      previous, step = step, results[2]
 
       steps.check_loss(results[1], step, run.model_name, checkpoints.untouched_note(last_saved))
       if failures:
@@ -430,7 +434,7 @@ def loop_async(sess, run, graph, settings, stop):
           previous == run.start.start_step):
         steps.print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
       if summarize:
-        writer.write_summary(results[2], previous)
+        writer.write_summary(results[3], previous)
         last_summary = previous
       elif writer:
         writer.note_speed(examples_per_sec)
