@@ -503,7 +503,8 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
     # came from; the token it gets back is that of an update already applied.
     shown = step + 1 if graph.replicas_to_aggregate else step_after
 
-    steps.check_loss(loss_value, shown, model_name, untouched(run, graph), ' on ' + run.who)
+    steps.check_loss(loss_value, shown, model_name, lambda: untouched(run, graph),
+                     ' on ' + run.who)
     if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
       for note in zip(*skip_check):                 # (step, scale, new scale)
         steps.check_skip(*note)

@@ -376,7 +376,7 @@ def loop(sess, run, graph, settings, stop):
 
     loss_value = results[1]  # unscaled: a real divergence
     steps.check_loss(loss_value, step + 1, run.model_name,
-                     checkpoints.untouched_note(last_saved))
+                     lambda: checkpoints.untouched_note(last_saved))
     if scale_fetches and not results[2][0]:  # overflowed: nothing applied, step unchanged
       steps.check_skip(step + 1, *results[2][1:])
       continue
@@ -426,7 +426,8 @@ def loop_async(sess, run, graph, settings, stop):
       updates_by_tower[0] += 1
       previous, step = step, results[2]
 
-      steps.check_loss(results[1], step, run.model_name, checkpoints.untouched_note(last_saved))
+      steps.check_loss(results[1], step, run.model_name,
+                       lambda: checkpoints.untouched_note(last_saved))
       if failures:
         raise failures[0]
       examples_per_sec = (step - previous) * graph.examples_per_update / duration

@@ -31,14 +31,15 @@ def crossed(previous, step, every):
 def check_loss(loss_value, step, model_name, untouched, who=''):
   """Stops the run on a NaN or infinite loss, naming the step and what to try.
 
-  untouched: what is left on disk, said last ('the last checkpoint, step 10, is
-  untouched.'); who: ' on worker 1' in a distributed run.
+  untouched: a function returning what is left on disk, said last ('the last
+  checkpoint, step 10, is untouched.'), called only then; who: ' on worker 1' in a
+  distributed run.
   """
   if not np.isfinite(loss_value):
     raise TrainingError(
         'loss is %s at step %d%s: the model diverged. Lower INITIAL_LEARNING_RATE '
         '(%s/model.py) or --batch_size; %s' % (loss_value, step, who, model_name,
-                                              untouched))
+                                              untouched()))
 
 
 def check_skip(step, scale, new_scale):
