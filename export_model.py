@@ -140,10 +140,11 @@ def check_export_dir(export_dir, overwrite):
 
 
 def newest_checkpoint(train_dir, data):
-  """The checkpoint the evaluation would score, and its global step.
+  """The checkpoint the evaluation would score, its global step, and {name: shape} of
+  what it holds.
 
   Raises:
-    ExportError: no checkpoint, or one that does not hold data.model's network.
+    ExportError: no checkpoint, or one that cannot be read.
   """
   try:
     path = evaluation.latest_checkpoint(train_dir)
@@ -159,27 +160,39 @@ def newest_checkpoint(train_dir, data):
     step = int(reader.get_tensor('global_step'))
   except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
     raise ExportError('cannot read checkpoint %s: %s' % (path, checkpoints.restore_error(e)))
-  wrong = _mismatch(data, found)
+  return path, step, found
+
+
+def check_holds_network(path, data, to_restore, found):
+  """Raises ExportError unless the checkpoint at path, holding found ({name: shape}),
+  has every variable of to_restore (variables_to_restore of data's network, built)."""
+  wrong = _mismatch(to_restore, found)
   if wrong:
-    fits = [name for name, other in DATASETS.items() if not _mismatch(other, found)]
+    fits = [name for name, other in DATASETS.items()
+            if other is not data and not _mismatch(_network_variables(other), found)]
     raise ExportError('%s does not hold the %s network (%s). %s' % (
         path, data.model.__name__, wrong,
         'It holds the %s network: pass --dataset=%s.' % (fits[0], fits[0]) if fits else
         'Point --train_dir at a directory the trainer (multi_gpu_train.py, dist_train.py) '
         'wrote.'))
-  return path, step
 
 
-def _mismatch(data, found):
-  """The first moving average the checkpoint lacks or holds in another shape, in words;
-  None when it holds them all. found: {name: shape} of the checkpoint."""
-  with tf.Graph().as_default():  # a throwaway copy of the network, for its variables
+def _network_variables(data):
+  """variables_to_restore of data's network, built in a throwaway graph."""
+  with tf.Graph().as_default():
     build(data)
-    for name, var in sorted(variables_to_restore(data.model).items()):
-      if name not in found:
-        return 'it has no %s' % name
-      if found[name] != var.shape.as_list():
-        return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
+    return variables_to_restore(data.model)
+
+
+def _mismatch(to_restore, found):
+  """The first moving average the checkpoint lacks or holds in another shape, in words;
+  None when it holds them all. to_restore: {name: variable}; found: {name: shape} of
+  the checkpoint."""
+  for name, var in sorted(to_restore.items()):
+    if name not in found:
+      return 'it has no %s' % name
+    if found[name] != var.shape.as_list():
+      return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
   return None
 
 
@@ -256,10 +269,12 @@ def export(train_dir, export_dir, dataset, overwrite=False):
   """
   data = DATASETS[dataset]
   replacing = check_export_dir(export_dir, overwrite)
-  path, step = newest_checkpoint(train_dir, data)
+  path, step, found = newest_checkpoint(train_dir, data)
   with tf.Graph().as_default():
     signature = build(data)
-    saver = tf.compat.v1.train.Saver(variables_to_restore(data.model))
+    to_restore = variables_to_restore(data.model)
+    check_holds_network(path, data, to_restore, found)
+    saver = tf.compat.v1.train.Saver(to_restore)
     with tf.compat.v1.Session() as sess:
       try:
         saver.restore(sess, path)
