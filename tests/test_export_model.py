@@ -218,6 +218,23 @@ def test_export_checkpoint_of_other_data_set_refused_naming_the_right_flag(mnist
   assert os.listdir(tmp_path) == []
 
 
+def test_export_checkpoint_of_neither_network_refused_naming_the_trainers(tmp_path):
+  with tf.Graph().as_default():  # a checkpoint with a global step and no network
+    tf.compat.v1.train.get_or_create_global_step()
+    tf.compat.v1.get_variable('dense/kernel', [3, 2])
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      path = tf.compat.v1.train.Saver().save(sess, str(tmp_path / 'train' / 'model.ckpt'),
+                                             global_step=7)
+  with pytest.raises(export_model.ExportError) as e:
+    export_model.export(str(tmp_path / 'train'), str(tmp_path / 'model'), 'cifar10')
+  assert str(e.value) == (
+      '%s does not hold the cifar10 network (it has no conv1/biases/ExponentialMovingAverage). '
+      'Point --train_dir at a directory the trainer (multi_gpu_train.py, dist_train.py) '
+      'wrote.' % path)
+  assert sorted(os.listdir(tmp_path)) == ['train']
+
+
 @pytest.mark.xdist_group('export')
 def test_mnist_export_takes_28x28_pixels_and_scores_the_evaluations_precision(mnist_exported,
                                                                              mnist_sample):
