@@ -219,7 +219,7 @@ def test_export_checkpoint_of_other_data_set_refused_naming_the_right_flag(mnist
 
 
 def test_export_checkpoint_of_neither_network_refused_naming_the_trainers(tmp_path):
-  with tf.Graph().as_default():  # a checkpoint with a global step and no network
+  with tf.Graph().as_default():  # a global step and a variable of neither network
     tf.compat.v1.train.get_or_create_global_step()
     tf.compat.v1.get_variable('dense/kernel', [3, 2])
     with tf.compat.v1.Session() as sess:
