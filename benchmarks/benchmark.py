@@ -40,7 +40,6 @@ clean; measure_*.py time inside it; keras_peer.py is the peers' model. This
 process and its modules import no TensorFlow. Numbers go to --json (default
 benchmarks/results/<mode>.json).
 """
-import argparse
 import json
 import os
 import re
@@ -48,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 
-from timing import BenchmarkError
+from timing import ArgumentParser, BenchmarkError
 import extras
 import knobs
 import op_profile
@@ -71,16 +70,6 @@ RESULTS_DIR = os.path.join(ROOT, 'benchmarks', 'results')
 # --quick: small enough for a test; flags given explicitly still win.
 QUICK = dict(towers='1', steps=3, warmup=1, batch_size=16, records_per_file=64,
              matmul_size=256, dist_towers=1)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-  """argparse whose mistakes end the run with one line, not the usage and then the error."""
-
-  def error(self, message):
-    # check_args' messages say what to pass; argparse's own ('unrecognized arguments')
-    # do not.
-    sys.exit('error: %s%s' % (message, '' if message.startswith('--') else
-                              ' (--help lists the flags)'))
 
 
 def parse_args(argv):

@@ -221,9 +221,10 @@ def watch(argv, num_tasks, args):
     try:
       for line in proc.stdout:
         lines.append(line)
-        if LOSS_LINE.match(line):
-          sent.append(loopback_bytes_sent(proc.pid))
-        if (num_tasks and not stopped and LOSS_LINE.match(line) and
+        if not LOSS_LINE.match(line):
+          continue
+        sent.append(loopback_bytes_sent(proc.pid))
+        if (num_tasks and not stopped and
             window_full(steps_by_task(''.join(lines)), num_tasks, args.warmup, args.steps)):
           proc.send_signal(STOP_SIGNAL)
           stopped = True

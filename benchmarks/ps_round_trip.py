@@ -40,7 +40,6 @@ has: the worker then pays the transfers' latency and its own share of their CPU,
 not the ps task's. This process re-executes itself once on the other CPUs, so that
 TensorFlow sizes its thread pools for them.
 """
-import argparse
 import collections
 import contextlib
 import io
@@ -62,6 +61,7 @@ import cifar10  # noqa: E402
 import multi_gpu_train  # noqa: E402
 from distributed import local_cluster, worker_sessions, worker_updates  # noqa: E402
 from training import checkpoints, summaries, updates  # noqa: E402
+from timing import ArgumentParser  # noqa: E402  benchmarks/, this script's directory
 
 ROUNDS = 30                       # timed sess.runs per kind, after WARMUP
 STEP_BATCH = 128                  # images per step: one tower at the trainer's default
@@ -291,22 +291,18 @@ def cpu_names(cpus):
   return ','.join(map(str, sorted(cpus)))
 
 
-def cpu_list(text):
-  """'1' or '2,3' as a set of CPU numbers, for argparse."""
-  try:
-    return {int(cpu) for cpu in text.split(',')}
-  except ValueError:
-    raise argparse.ArgumentTypeError('expected CPU numbers, comma separated, got %r' % text)
-
-
 def main(argv):
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
   parser.add_argument('--rounds', type=int, default=ROUNDS, help='timed runs per kind')
-  parser.add_argument('--ps_cpus', type=cpu_list, default=set(),
+  parser.add_argument('--ps_cpus', default='',
                       help='CPUs for the ps task alone, e.g. 1; this process runs on the others')
   args = parser.parse_args(argv)
   if args.rounds < 1:
     parser.error('--rounds must be at least 1, got %d' % args.rounds)
+  try:
+    args.ps_cpus = {int(cpu) for cpu in args.ps_cpus.split(',')} if args.ps_cpus else set()
+  except ValueError:
+    parser.error('--ps_cpus must be CPU numbers, comma separated, got %r' % args.ps_cpus)
   if args.ps_cpus:
     keep_off(args.ps_cpus, parser)
     print('the ps task on CPUs %s, this worker on CPUs %s' % (

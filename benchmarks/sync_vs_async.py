@@ -9,7 +9,6 @@ Prints the median examples/sec of each mode (from the trainer's own log lines,
 first line dropped), the loss each reached, and how many runs diverged (the
 trainer stops on a NaN or infinite loss), and writes them as JSON.
 """
-import argparse
 import json
 import os
 import re
@@ -22,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 
 from benchmark import write_sample  # noqa: E402  the product's sample writer, run as a user would
+from timing import ArgumentParser  # noqa: E402
 
 # ---- Comparison knobs: edit, save, rerun ----------------------------------------
 TOWERS = 2
@@ -61,7 +61,7 @@ def run(mode, data_dir, data_md5, args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
   parser.add_argument('--towers', type=int, default=TOWERS)
   parser.add_argument('--batch_size', type=int, default=BATCH_SIZE)
   parser.add_argument('--examples', type=int, default=EXAMPLES)

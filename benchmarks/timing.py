@@ -2,6 +2,7 @@
 
 Imports no TensorFlow, so the parent (benchmark.py) can import it too.
 """
+import argparse
 import math
 import resource
 import sys
@@ -18,6 +19,16 @@ LAYERS = ('conv1', 'conv2', 'local3', 'local4', 'softmax_linear')
 
 class BenchmarkError(Exception):
   """A configuration failed; the message names it and says what to try."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse whose mistakes end the run with one line, not the usage and then the error."""
+
+  def error(self, message):
+    # The scripts' own messages start with the flag and say what to pass; argparse's
+    # ('unrecognized arguments') do not.
+    sys.exit('error: %s%s' % (message, '' if message.startswith('--') else
+                              ' (--help lists the flags)'))
 
 
 def time_steps(run_step, warmup, steps):

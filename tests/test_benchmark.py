@@ -225,6 +225,18 @@ def test_benchmark_bad_flag_exits_with_one_line_naming_it():
                      'flags)\n')
 
 
+def test_ps_round_trip_bad_flag_exits_with_one_line_naming_it():
+  cpus = ','.join(map(str, sorted(os.sched_getaffinity(0))))
+  for flag, error in [
+      ('--ps_cpus=1,x', "error: --ps_cpus must be CPU numbers, comma separated, got '1,x'\n"),
+      ('--ps_cpus=' + cpus, 'error: --ps_cpus=%s: give some of the CPUs this process may run '
+                            'on (%s), not all of them\n' % (cpus, cpus)),
+      ('--round=3', 'error: unrecognized arguments: --round=3 (--help lists the flags)\n')]:
+    run = helpers.run(['benchmarks/ps_round_trip.py', flag])
+    assert run.code == 1 and run.err.endswith(error), run.log()
+    assert len(run.errors) == 1, run.log()
+
+
 def test_steps_by_task_reads_worker_and_trainer_loss_lines():
   output = '\n'.join([
       WORKER_LINE % (0, '09.5', 3, 0, 2),
