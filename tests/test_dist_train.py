@@ -406,9 +406,10 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
   task (re)starts: without the chief's queue runner no update lands, so the run
   waits for it, and worker 1 cannot take the tokens worker 2 needs for its step.
   Updates run free only while worker 2 is down (3 and more, while worker 1 takes
-  its slow first step) and until the chief is 4 past a checkpoint (at most 9): a
+  its slow first step), while the chief alone waits with worker 2 for its first
+  step after rejoining, and until the chief is 4 past a checkpoint (at most 9): a
   worker's first step is slow (1.8 s measured under load, 30 updates of the others),
-  so no phase waits for one while the others run.
+  so no other phase waits for one while the others run.
   """
   max_steps, save_every = 50, 5
   ps_port, *worker_ports = local_cluster.free_ports(4)
@@ -442,9 +443,13 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
     worker.send(signal.SIGSTOP)
   workers[2] = start('worker', 2)
   training(workers[2])
+  # Its first step needs a token. With both others paused the queue may hold none:
+  # they take the spare tokens as they come, and a gradient found stale spends one.
+  # The chief runs on (worker 1 still paused): its queue runner lands updates of the
+  # gradients in, each handing out tokens, so one reaches worker 2.
+  workers[0].send(signal.SIGCONT)
   workers[2].wait_for(count_steps(workers[2], 1), 'a step after rejoining')
-  for worker in workers[:2]:
-    worker.send(signal.SIGCONT)
+  workers[1].send(signal.SIGCONT)
   assert min(helpers.steps(WORKER_LOSS_LINE, workers[2].lines)) >= at_kill
 
   # The chief dies 4 steps past a checkpoint, 1 before the next one.
