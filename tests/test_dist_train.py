@@ -347,6 +347,7 @@ def test_sync_loss_lines_name_the_global_step_first_then_every_log_frequency(syn
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 @pytest.mark.xdist_group('two_workers')
 def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_process_run,
                                                              async_run):

@@ -149,6 +149,23 @@ def test_trainer_startup_flag_env_and_default_reach_tensorflow_and_the_record(tm
   assert (TF_ONEDNN_LINE in seeded.err) == bool(expected.on)
 
 
+@pytest.mark.slow
+@pytest.mark.kernels
+def test_suite_process_runs_the_kernels_its_programs_run(tmp_path):
+  # Tests compare runs in this process with the programs' runs (conftest.py): both
+  # must run the same kernels. Asked of TensorFlow itself, not of our own record.
+  # On CPUs with AVX2 and no AVX512_VNNI this process once ran without oneDNN while
+  # the programs ran with it; .ci/run provokes that here (CIFAR10_ONEDNN_SET).
+  from tensorflow.python.util import _pywrap_util_port
+  here = _pywrap_util_port.IsMklEnabled()
+  done = helpers.run(['multi_gpu_train.py', '--synthetic', '--batch_size=4', '--max_steps=1',
+                      '--summary_steps=0', '--train_dir=%s' % tmp_path],
+                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'))
+  assert done.code == 0, done.log()
+  assert (TF_ONEDNN_LINE in done.err) == here, (here, done.log())
+  assert ('oneDNN %s: ' % ('on' if here else 'off')) in done.out, done.log()
+
+
 # ---- --seed with oneDNN on: still repeats exactly ------------------------------------
 
 LOSS_TAG = '1_loss/total_loss'
