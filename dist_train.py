@@ -54,9 +54,10 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from distributed import cluster_env, local_cluster, ps_shutdown, worker_sessions, worker_updates
+from distributed import (cluster_env, evaluator, local_cluster, ps_placement, ps_shutdown, ps_task,
+                         task_cluster, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from training import (checkpoints, errors, evaluation, inputs, memory_check, mixed_precision,
+from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
@@ -88,7 +89,6 @@ QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad f
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
-FINISHED_REPORT_SECS = 5     # a worker started after the end tells the ps tasks, if up
 
 
 FLAGS = flags.FLAGS
@@ -143,45 +143,7 @@ def define_flags():
                       'files (default: --train_dir/eval).')
 
 
-LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
-                  'cluster', 'num_ps', 'slurm_port_base']
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']
-
-
-def run_ps(cluster, task_index, stop):
-  """Serves this ps task's share of the variables until every worker has finished.
-
-  Each worker says so at its very end (ps_shutdown.report_finished); once all
-  have, or the chief has and the rest have not within ps_shutdown.GRACE_SECS,
-  this returns, and the task exits 0 however it was started.
-
-  Args:
-    cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
-    stop: a signals.StopSignals: Ctrl-C or SIGTERM ends the wait.
-
-  Raises:
-    errors.Stopped: stopped by a signal before the workers had finished.
-  """
-  try:
-    server = tf.compat.v1.train.Server(cluster, job_name='ps', task_index=task_index)
-  except tf.errors.OpError as e:
-    raise errors.TrainingError('ps task %d cannot listen on %s: %s. Is the port in use?'
-                        % (task_index, cluster.task_address('ps', task_index),
-                           str(e).splitlines()[0])) from e
-  num_workers = cluster.num_tasks('worker')
-  print('ps task %d serving at %s until the %d worker(s) have finished (Ctrl-C stops it)'
-        % (task_index, server.target, num_workers), flush=True)
-  # Not server.join(): that waits inside TensorFlow, where no signal is heard.
-  try:
-    seen = ps_shutdown.wait_for_workers(server, task_index, num_workers,
-                                        should_stop=lambda: stop.requested,
-                                        log=lambda line: print(line, flush=True))
-  except KeyboardInterrupt:  # a second signal
-    seen = ps_shutdown.WorkersSeen([], 'stopped')
-  if seen.why == 'stopped':
-    print('ps task %d stopped by %s' % (task_index, stop.name), flush=True)
-    raise errors.Stopped(stop.exit_code)
-  print('ps task %d done: training is over' % task_index, flush=True)
 
 
 class WorkerSettings(typing.NamedTuple):
@@ -328,7 +290,7 @@ def build(run, settings, worker, data, epoch, record):
   """
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
-  with tf.compat.v1.device(replica_devices(run.cluster, run.task_index)):
+  with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
       next_batch = tf.compat.v1.data.make_one_shot_iterator(inputs.train_dataset(
           data.input, settings.data_dir, settings.batch_size, settings.synthetic)).get_next
@@ -373,38 +335,6 @@ def build(run, settings, worker, data, epoch, record):
                     skip_check)
 
 
-def replica_devices(cluster, task_index):
-  """The device function a worker builds under: its ops on /job:worker/task:<index>,
-  each variable on the ps task holding the fewest bytes so far.
-
-  replica_device_setter's default deals the variables to the ps tasks in turn, in
-  the order they are made: with 2 ps tasks every weight of this model went to one and
-  every bias to the other. By size, the task holding local3/weights (83% of the
-  model) gets little else.
-  """
-  loads = [0] * cluster.num_tasks('ps')
-
-  def least_loaded(op):
-    task = loads.index(min(loads))
-    loads[task] += memory_check.variable_bytes(op)
-    return task
-  return tf.compat.v1.train.replica_device_setter(
-      cluster=cluster, worker_device='/job:worker/task:%d' % task_index,
-      ps_strategy=least_loaded)
-
-
-def bytes_by_ps_task(num_ps):
-  """' (ps0 0.71 MB, ps1 3.56 MB)': where the trainable variables landed; '' with one
-  ps task."""
-  if num_ps < 2:
-    return ''
-  found = [0] * num_ps
-  for var in tf.compat.v1.trainable_variables():
-    found[tf.DeviceSpec.from_string(var.device).task or 0] += memory_check.variable_bytes(var.op)
-  return ' (%s)' % ', '.join('ps%d %.2f MB' % (task, size / 1e6)
-                             for task, size in enumerate(found))
-
-
 def chief_hooks(run, settings, model, scaffold, global_step, record):
   """The chief's checkpoints (SaveCheckpoints) and summaries, through
   the machinery multi_gpu_train.py saves and summarises with."""
@@ -426,7 +356,7 @@ def print_start(run, graph, settings, model, epoch):
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
   print('ps tasks %s hold %d trainable parameters%s' % (
-      ','.join(run.ps_hosts), startup.num_parameters(), bytes_by_ps_task(len(run.ps_hosts))))
+      ','.join(run.ps_hosts), startup.num_parameters(), ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
   replicas_to_aggregate = graph.replicas_to_aggregate
   if replicas_to_aggregate:
     print('sync: each update averages %d gradients of %d images (%d x %d towers) from '
@@ -588,14 +518,14 @@ def slow_step_message(run, graph, step_timeout_secs):
 def main(argv, slurm_cluster=None):
   """Runs this task: a ps task, a worker, TF_CONFIG's evaluator, or --local_cluster.
 
-  slurm_cluster: what slurm_cluster_first() found before TensorFlow looked for GPUs.
+  slurm_cluster: what task_cluster.slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
   errors.refuse_arguments(argv)  # absl has already refused unknown flags
   check_flags(FLAGS)
   if FLAGS.local_cluster:
-    sys.exit(main_local_cluster(FLAGS))
-  cluster = cluster_from_flags(FLAGS, slurm_cluster)
-  too_many = too_many_replicas(FLAGS.replicas_to_aggregate, len(cluster.worker_hosts))
+    sys.exit(local_cluster.main(FLAGS))
+  cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
+  too_many = cluster_env.too_many_replicas(FLAGS.replicas_to_aggregate, len(cluster.worker_hosts))
   if too_many:
     sys.exit('error: ' + too_many)
   # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
@@ -606,61 +536,21 @@ def main(argv, slurm_cluster=None):
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
   settings = trainer_settings.settings_from_flags(FLAGS)
   if cluster.job_name == 'evaluator':
-    run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
+    evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
                   FLAGS.eval_interval_secs)
     return
   spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                          'worker': cluster.worker_hosts})
   with errors.one_line_errors():
-    if job_is_over(cluster, spec, settings):
+    if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':
-      run_ps(spec, cluster.task_index, stop)
+      ps_task.run_ps(spec, cluster.task_index, stop)
       return
     worker = WorkerSettings(**{name: FLAGS[name].value for name in WorkerSettings._fields})
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
     train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
-
-
-def too_many_replicas(replicas_to_aggregate, num_workers):
-  """The message refusing a --replicas_to_aggregate above the workers there are, or None."""
-  if (replicas_to_aggregate or 0) > num_workers:
-    return ('--replicas_to_aggregate=%d is more than the %d workers: no update could ever '
-            'gather that many gradients' % (replicas_to_aggregate, num_workers))
-  return None
-
-
-def job_is_over(cluster, spec, settings):
-  """A task started after the job reached --max_steps: says so and returns True (exit 0:
-  an orchestrator's retry of a finished job ends there). False otherwise.
-
-  The job is over when --train_dir, as this task sees it, holds a checkpoint at
-  --max_steps. A worker started then tells the ps tasks it has finished (should they
-  still wait for it), for at most FINISHED_REPORT_SECS.
-  """
-  try:
-    latest = (checkpoints.read_state_file(settings.train_dir) or [None])[0]
-  except errors.TrainingError:
-    return False  # unreadable here: the task runs, and the chief's checks say why
-  step = latest and checkpoints.checkpoint_step(latest)
-  if step is None or step < settings.max_steps:
-    return False
-  path = checkpoints.in_this_dir(settings.train_dir, latest, [])
-  if not os.path.exists(path + '.index'):  # named, but gone: the chief's checks say so
-    return False
-  print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
-                                        startup.nothing_to_do(path, step, settings.max_steps)),
-        flush=True)
-  if cluster.job_name == 'worker':
-    try:
-      server = tf.compat.v1.train.Server(spec, job_name='worker',
-                                         task_index=cluster.task_index)
-    except tf.errors.OpError:
-      return True  # its port is taken: nothing to tell
-    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), cluster.task_index,
-                                timeout_secs=FINISHED_REPORT_SECS)
-  return True
 
 
 def check_flags(flag_values):
@@ -692,133 +582,8 @@ def check_flags(flag_values):
                % flag_values.replicas_to_aggregate)
 
 
-def cluster_from_flags(flag_values, slurm_cluster=None):
-  """This task's cluster_env.Cluster: from the flags, TF_CONFIG or Slurm (--cluster).
-
-  --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
-  set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
-  (it chose them); flags given alongside must agree with it.
-
-  Args:
-    slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
-  """
-  source = flag_values.cluster or ('tf_config' if flag_values.job_name is None and
-                             os.environ.get('TF_CONFIG', '').strip() else '')
-  if not source:
-    return cluster_of_host_flags(flag_values)
-  try:
-    if source == 'slurm':
-      cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
-                                                        flag_values.slurm_port_base)
-      if isinstance(cluster, cluster_env.ClusterError):
-        raise cluster
-    else:
-      cluster = cluster_env.from_tf_config()
-      if cluster is None:
-        raise cluster_env.ClusterError(
-            'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
-            'it (Kubeflow\'s TFJob does) or give --job_name, --ps_hosts and --worker_hosts')
-    cluster_env.check_agrees(cluster, **{
-        name: flag_values[name].value for name in ('job_name', 'task_index', 'ps_hosts',
-                                             'worker_hosts') if flag_values[name].present})
-  except cluster_env.ClusterError as e:
-    sys.exit('error: %s' % e)
-  print(cluster.description)
-  if cluster.job_name != 'evaluator':  # it serves nothing
-    print(cluster_env.exposure_warning(cluster))
-  sys.stdout.flush()
-  return cluster
-
-
-def cluster_of_host_flags(flag_values):
-  """The cluster --ps_hosts and --worker_hosts name, once this task is checked in it."""
-  if flag_values.job_name is None:
-    sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
-             '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
-  try:
-    cluster = cluster_env.from_flags(
-        flag_values.job_name, flag_values.task_index, flag_values.ps_hosts,
-        flag_values.worker_hosts, flag_values.allow_nonloopback_hosts)
-  except cluster_env.ClusterError as e:
-    sys.exit('error: %s' % e)
-  if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
-    print(cluster_env.exposure_warning(cluster), flush=True)
-  return cluster
-
-
-def slurm_cluster_first(argv, flag_values):
-  """--cluster=slurm: the cluster, found before TensorFlow first looks for GPUs.
-
-  SlurmClusterResolver sets this task's CUDA_VISIBLE_DEVICES, which CUDA reads
-  once, when TensorFlow first touches a GPU: placement.list_gpus() and absl's
-  app.run both do. So the flags are parsed here for this alone, then forgotten;
-  app.run parses them again and refuses what is wrong.
-
-  Returns:
-    a cluster_env.Cluster, the ClusterError to report once the flags are checked,
-    or None (not --cluster=slurm, or flags app.run will refuse).
-  """
-  try:
-    flag_values(argv, known_only=True)
-  except flags.Error:
-    return None
-  try:
-    if flag_values.cluster != 'slurm':
-      return None
-    return cluster_env.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
-  except cluster_env.ClusterError as e:
-    return e
-  finally:
-    flag_values.unparse_flags()
-
-
-def run_evaluator(settings, eval_dir, eval_interval_secs):
-  """TF_CONFIG's evaluator: scores each new checkpoint of the chief's --train_dir.
-
-  What cifar10_eval.py and mnist_eval.py do beside training (training/evaluation.py), on
-  the --dataset's test set in --data_dir (also with --synthetic), in batches of
-  --batch_size; it returns once it has scored a checkpoint at --max_steps.
-  """
-  data = trainer_settings.DATASETS[settings.dataset]
-  print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
-        'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
-                               eval_dir), flush=True)
-  evaluation.main(evaluation.Options(settings.train_dir, eval_dir, settings.data_dir,
-                                     settings.data_url, settings.data_md5,
-                                     eval_interval_secs, settings.batch_size),
-                  data.model, data.input, 'python dist_train.py',
-                  last_step=settings.max_steps)
-  print('evaluator done: it has scored the checkpoint at --max_steps=%d' % settings.max_steps,
-        flush=True)
-
-
-def main_local_cluster(flag_values):
-  """--local_cluster=P,W: its checks and the data, then local_cluster.run; the exit code."""
-  for name in LAUNCHER_FLAGS[1:]:
-    if flag_values[name].present:
-      sys.exit('error: --local_cluster starts every task itself on 127.0.0.1; drop --%s'
-               % name)
-  try:
-    num_ps, num_workers = local_cluster.parse_spec(flag_values.local_cluster)
-    local_cluster.check_memory(num_ps, num_workers, memory_check.memory_available())
-    too_many = too_many_replicas(flag_values.replicas_to_aggregate, num_workers)
-    if too_many:
-      raise ValueError(too_many)
-  except ValueError as e:
-    sys.exit('error: %s' % e)
-  with errors.one_line_errors():
-    if not flag_values.synthetic:  # once, here, rather than racing in every worker
-      data_input = trainer_settings.DATASETS[flag_values.dataset].input
-      data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
-    # Every flag given on this command line goes to every task.
-    task_flags = [flag_values[name].serialize() for name in flag_values
-                  if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
-    return local_cluster.run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
-                             cluster_env.SECURITY_WARNING % 'the ports listed below')
-
-
 if __name__ == '__main__':
   define_flags()
-  slurm_cluster = slurm_cluster_first(sys.argv, FLAGS)  # sets CUDA_VISIBLE_DEVICES: before GPUs
+  slurm_cluster = task_cluster.slurm_cluster_first(sys.argv, FLAGS)  # sets CUDA_VISIBLE_DEVICES: before GPUs
   placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(functools.partial(main, slurm_cluster=slurm_cluster))

@@ -539,3 +539,11 @@ def _environment(environ, names):
         os.environ.pop(name, None)
       else:
         os.environ[name] = value
+
+
+def too_many_replicas(replicas_to_aggregate, num_workers):
+  """The message refusing a --replicas_to_aggregate above the workers there are, or None."""
+  if (replicas_to_aggregate or 0) > num_workers:
+    return ('--replicas_to_aggregate=%d is more than the %d workers: no update could ever '
+            'gather that many gradients' % (replicas_to_aggregate, num_workers))
+  return None

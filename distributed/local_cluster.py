@@ -26,7 +26,9 @@ import sys
 import threading
 import time
 
-from training import errors, signals
+from distributed import cluster_env
+from training import errors, memory_check, signals
+from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'dist_train.py')
@@ -34,6 +36,9 @@ STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
 STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and save
 END_SECS = 60                # once the workers (or the ps tasks) have ended, the others
                              # must end by themselves within this, or they are stopped
+# dist_train.py's flags that say which task a process is: the launcher sets them itself
+LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
+                  'cluster', 'num_ps', 'slurm_port_base']
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
 TASK_MEMORY_BYTES = 450e6    # one task's own memory; measured (1 ps, 2 workers, --synthetic,
                              # TensorFlow 2.21, x86 CPU): a CIFAR-10 worker at --batch_size=128
@@ -375,3 +380,28 @@ def run(num_ps, num_workers, task_flags, exposure_warning):
     print('local cluster: stopped by a second %s: every task was stopped, the chief '
           'perhaps before it saved' % stop.name, flush=True)
     return stop.exit_code
+
+
+def main(flag_values):
+  """dist_train.py --local_cluster=P,W: its checks and the data, then run(); the exit code."""
+  for name in LAUNCHER_FLAGS[1:]:
+    if flag_values[name].present:
+      sys.exit('error: --local_cluster starts every task itself on 127.0.0.1; drop --%s'
+               % name)
+  try:
+    num_ps, num_workers = parse_spec(flag_values.local_cluster)
+    check_memory(num_ps, num_workers, memory_check.memory_available())
+    too_many = cluster_env.too_many_replicas(flag_values.replicas_to_aggregate, num_workers)
+    if too_many:
+      raise ValueError(too_many)
+  except ValueError as e:
+    sys.exit('error: %s' % e)
+  with errors.one_line_errors():
+    if not flag_values.synthetic:  # once, here, rather than racing in every worker
+      data_input = trainer_settings.DATASETS[flag_values.dataset].input
+      data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
+    # Every flag given on this command line goes to every task.
+    task_flags = [flag_values[name].serialize() for name in flag_values
+                  if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
+    return run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
+               cluster_env.SECURITY_WARNING % 'the ports listed below')

@@ -23,7 +23,7 @@ import dist_train
 import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, TASK_PREFIX,
                      WORKER_LOSS_LINE, matches)
-from distributed import cluster_env, local_cluster
+from distributed import cluster_env, local_cluster, ps_placement, ps_task
 import cifar10
 import mnist
 import multi_gpu_train
@@ -922,7 +922,7 @@ def test_job_is_over_only_at_max_steps_read_by_the_state_file_reader(tmp_path, c
     (tmp_path / 'checkpoint').write_text(state)
   ps = cluster_env.Cluster(['127.0.0.1:1'], ['127.0.0.1:2'], 'ps', 0, 'flags', '')
   settings = Settings(str(tmp_path), '', synthetic=True, max_steps=4)
-  assert dist_train.job_is_over(ps, None, settings) == over
+  assert ps_task.job_is_over(ps, None, settings) == over
   said = capsys.readouterr().out
   assert said == ('ps 0: the job is over: %s/model.ckpt-4 is at step 4, not below '
                   '--max_steps=4: nothing to do. Raise --max_steps to train further.\n'
@@ -1143,12 +1143,12 @@ def test_variables_dealt_to_the_ps_tasks_by_size_and_said_at_start_up():
   cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1', '127.0.0.1:2'],
                                   'worker': ['127.0.0.1:3']})
   with tf.Graph().as_default():
-    with tf.compat.v1.device(dist_train.replica_devices(cluster, 0)):
+    with tf.compat.v1.device(ps_placement.replica_devices(cluster, 0)):
       tf.compat.v1.train.get_or_create_global_step()
       with tf.name_scope('tower_0') as scope:
         multi_gpu_train.tower_loss(scope, tf.zeros([2, 24, 24, 3]), tf.zeros([2], tf.int32))
     placed = {var.op.name: var.device for var in tf.compat.v1.trainable_variables()}
-    said = dist_train.bytes_by_ps_task(2)
+    said = ps_placement.bytes_by_ps_task(2)
   assert {name for name, device in placed.items() if device == '/job:ps/task:1'} == {
       'conv1/weights', 'conv2/biases', 'local3/weights'}
   assert set(placed.values()) == {'/job:ps/task:0', '/job:ps/task:1'}

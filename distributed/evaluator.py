@@ -1,0 +1,23 @@
+"""TF_CONFIG's evaluator task: the trainers' evaluation, beside a distributed run."""
+from training import evaluation
+from training import settings as trainer_settings
+
+
+def run_evaluator(settings, eval_dir, eval_interval_secs):
+  """TF_CONFIG's evaluator: scores each new checkpoint of the chief's --train_dir.
+
+  What cifar10_eval.py and mnist_eval.py do beside training (training/evaluation.py), on
+  the --dataset's test set in --data_dir (also with --synthetic), in batches of
+  --batch_size; it returns once it has scored a checkpoint at --max_steps.
+  """
+  data = trainer_settings.DATASETS[settings.dataset]
+  print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
+        'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
+                               eval_dir), flush=True)
+  evaluation.main(evaluation.Options(settings.train_dir, eval_dir, settings.data_dir,
+                                     settings.data_url, settings.data_md5,
+                                     eval_interval_secs, settings.batch_size),
+                  data.model, data.input, 'python dist_train.py',
+                  last_step=settings.max_steps)
+  print('evaluator done: it has scored the checkpoint at --max_steps=%d' % settings.max_steps,
+        flush=True)

@@ -1,0 +1,89 @@
+"""Which cluster this task is in, and which task it is: from the flags, TF_CONFIG or
+Slurm (--cluster), checked before anything is served.
+"""
+import os
+import sys
+
+from absl import flags
+
+from distributed import cluster_env, local_cluster
+
+
+def cluster_from_flags(flag_values, slurm_cluster=None):
+  """This task's cluster_env.Cluster: from the flags, TF_CONFIG or Slurm (--cluster).
+
+  --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
+  set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
+  (it chose them); flags given alongside must agree with it.
+
+  Args:
+    slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
+  """
+  source = flag_values.cluster or ('tf_config' if flag_values.job_name is None and
+                             os.environ.get('TF_CONFIG', '').strip() else '')
+  if not source:
+    return cluster_of_host_flags(flag_values)
+  try:
+    if source == 'slurm':
+      cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
+                                                        flag_values.slurm_port_base)
+      if isinstance(cluster, cluster_env.ClusterError):
+        raise cluster
+    else:
+      cluster = cluster_env.from_tf_config()
+      if cluster is None:
+        raise cluster_env.ClusterError(
+            'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
+            'it (Kubeflow\'s TFJob does) or give --job_name, --ps_hosts and --worker_hosts')
+    cluster_env.check_agrees(cluster, **{
+        name: flag_values[name].value for name in ('job_name', 'task_index', 'ps_hosts',
+                                             'worker_hosts') if flag_values[name].present})
+  except cluster_env.ClusterError as e:
+    sys.exit('error: %s' % e)
+  print(cluster.description)
+  if cluster.job_name != 'evaluator':  # it serves nothing
+    print(cluster_env.exposure_warning(cluster))
+  sys.stdout.flush()
+  return cluster
+
+
+def cluster_of_host_flags(flag_values):
+  """The cluster --ps_hosts and --worker_hosts name, once this task is checked in it."""
+  if flag_values.job_name is None:
+    sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
+             '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
+  try:
+    cluster = cluster_env.from_flags(
+        flag_values.job_name, flag_values.task_index, flag_values.ps_hosts,
+        flag_values.worker_hosts, flag_values.allow_nonloopback_hosts)
+  except cluster_env.ClusterError as e:
+    sys.exit('error: %s' % e)
+  if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
+    print(cluster_env.exposure_warning(cluster), flush=True)
+  return cluster
+
+
+def slurm_cluster_first(argv, flag_values):
+  """--cluster=slurm: the cluster, found before TensorFlow first looks for GPUs.
+
+  SlurmClusterResolver sets this task's CUDA_VISIBLE_DEVICES, which CUDA reads
+  once, when TensorFlow first touches a GPU: placement.list_gpus() and absl's
+  app.run both do. So the flags are parsed here for this alone, then forgotten;
+  app.run parses them again and refuses what is wrong.
+
+  Returns:
+    a cluster_env.Cluster, the ClusterError to report once the flags are checked,
+    or None (not --cluster=slurm, or flags app.run will refuse).
+  """
+  try:
+    flag_values(argv, known_only=True)
+  except flags.Error:
+    return None
+  try:
+    if flag_values.cluster != 'slurm':
+      return None
+    return cluster_env.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
+  except cluster_env.ClusterError as e:
+    return e
+  finally:
+    flag_values.unparse_flags()
