@@ -88,6 +88,7 @@ STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for th
 QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
+STOPPED_REPORT_SECS = 5      # a stopped worker tells the ps tasks so for at most this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
 
@@ -174,6 +175,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     record = (chief_run_record(run, settings, data, flag_values) if run.task_index == 0
               else None)
     epoch = inputs.examples_per_epoch(settings, data)
+    progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
       graph = build(run, settings, worker, data, epoch, record)
       startup.check_memory([graph.train_op, graph.loss] + (  # before writing
@@ -182,23 +184,60 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       if record:
         run_record.write_and_compare(settings.train_dir, record)
       print_start(run, graph, settings, data.model, epoch)
-      with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs) as sess:
-        step, local_step = loop(sess, run, graph, settings, worker.step_timeout_secs, stop)
-        run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
-                         '%s: closing the session hung after the last step (%d)'
-                         % (run.who, step))
-      # Closed: the chief's SaveCheckpoints hook has saved the last step.
+      worker_sessions.watch_stopping_step(
+          stop, progress, run.who, run.task_index == 0, graph.release_step and
+          worker_sessions.release_op_runner(run.server.target, run.config,
+                                            graph.release_step))
+      with stopped_without_ps(run, graph, stop, progress):
+        with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs,
+                          stop) as sess:
+          loop(sess, run, graph, settings, worker.step_timeout_secs, stop, progress)
+          run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
+                           '%s: closing the session hung after the last step (%d)'
+                           % (run.who, progress.step))
+        # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
-  steps.stopped(stop, step)
+  step, local_step = progress.step, progress.local_step
+  if stop.requested:  # saved: the ps tasks may leave once the chief has said so
+    report_to_ps(run, stopped=True)
+    steps.stopped(stop, step)
   if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
     raise errors.PeerGone(ended_early_message(run, graph, step, settings.max_steps))
   # The session is closed, the chief's last checkpoint written: the ps tasks may end.
-  if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
-                                     run.config):
-    print('%s: the ps tasks did not answer within %d s to hear that it has finished; they '
-          'have ended already, or will once the chief has' % (
-              run.who, ps_shutdown.REPORT_TIMEOUT_SECS), flush=True)
+  report_to_ps(run, stopped=False)
   print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
+
+
+@contextlib.contextmanager
+def stopped_without_ps(run, graph, stop, progress):
+  """A stopped worker whose ps tasks left first stops as a stopped worker: one line,
+  the signal's exit code. Only the chief has anything to lose: it says what is on
+  disk. (The ps tasks serve the chief's save; this is for a ps task that was killed.)"""
+  try:
+    yield
+  except worker_sessions.PS_GONE_ERRORS as e:
+    if not stop.requested:
+      raise
+    saved = saved_step(run, graph)
+    if run.task_index != 0 or saved == progress.step:
+      steps.stopped(stop, progress.step)
+    print('Stopped by %s at step %d without saving it: the ps tasks left first (%s); %s '
+          'Rerun the same command to resume.' % (stop.name, progress.step,
+                                                  errors.one_line(e),
+                                                  checkpoints.untouched_note(saved)),
+          flush=True)
+    raise errors.Stopped(stop.exit_code) from None
+
+
+def report_to_ps(run, stopped):
+  """Tells the ps tasks this worker has finished, or has stopped (the chief: saved)."""
+  timeout_secs = STOPPED_REPORT_SECS if stopped else ps_shutdown.REPORT_TIMEOUT_SECS
+  if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
+                                     run.config, timeout_secs=timeout_secs, stopped=stopped):
+    print('%s: the ps tasks did not answer within %d s to hear that it has %s; they have '
+          'ended already%s' % (run.who, timeout_secs, 'stopped' if stopped else 'finished',
+                               '' if stopped else ', or will once the chief has'),
+          flush=True)
 
 
 WorkerRun = collections.namedtuple('WorkerRun', [
@@ -244,6 +283,7 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
                         % (who, cluster.task_address('worker', task_index),
                            str(e).splitlines()[0])) from e
   arm_watchdog = worker_sessions.start_watchdog()
+  # Stopped or not: a chief stopped at start-up still opens its session and saves.
   worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
   return WorkerRun(who, cluster, task_index, cluster.num_tasks('worker'),
                    cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
@@ -276,6 +316,7 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
                         # (applied, scale, new_scale); sync chief, the skips noted since
                         # its last step, [steps], [scales], [new scales]; else None
+    'release_step',     # sync: one token, for this worker's own step (watch_stopping_step)
 ])
 
 
@@ -315,7 +356,7 @@ def build(run, settings, worker, data, epoch, record):
     ema = updates.moving_averages(global_step, model)
     update = (worker_updates.sync_update if worker.sync_replicas else
               worker_updates.async_update)
-    train_op, step_after, hooks, release_workers, skip_check = update(
+    train_op, step_after, hooks, release_workers, skip_check, release_step = update(
         run, worker, opt, grads, global_step, ema, settings.max_steps,
         loss_scale, snapshot and snapshot.scale, all_finite)
     summary_op = (summaries.build_summaries(range(len(run.devices)), towers.losses, grads,
@@ -332,7 +373,7 @@ def build(run, settings, worker, data, epoch, record):
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
                     if worker.sync_replicas else None, loss_scale, restore_fp16,
-                    skip_check)
+                    skip_check, release_step)
 
 
 def chief_hooks(run, settings, model, scaffold, global_step, record):
@@ -382,11 +423,12 @@ def print_start(run, graph, settings, model, epoch):
   sys.stdout.flush()
 
 
-def open_session(run, graph, train_dir, startup_timeout_secs):
+def open_session(run, graph, train_dir, startup_timeout_secs, stop):
   """MonitoredSession: the chief initialises or restores, saves and summarises.
 
   What MonitoredTrainingSession builds, with session creators that say what
-  happened and wait for the ps tasks when a session must be reopened.
+  happened and wait for the ps tasks when a session must be reopened (unless a
+  stop was asked for: then they raise errors.PeerGone at once).
   """
   run.arm_watchdog(startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
                    '%s could not open a session with the ps tasks %s within %d s. Check '
@@ -396,7 +438,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
   if run.task_index == 0:
     creator = worker_sessions.ChiefSessions(
         run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
-        graph.restore_fp16,
+        graph.restore_fp16, lambda: stop.requested,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
         # The checkpoint checkpoints.checkpoint_to_resume found and read whole, not the state file's
         # latest as TensorFlow reads it.
@@ -404,14 +446,14 @@ def open_session(run, graph, train_dir, startup_timeout_secs):
   else:
     creator = worker_sessions.WorkerSessions(
         run.who, run.ps_hosts, run.chief_host, startup_timeout_secs, run.arm_watchdog,
-        graph.scaffold, run.server.target, run.config)
+        graph.scaffold, run.server.target, run.config, lambda: stop.requested)
   return tf.compat.v1.train.MonitoredSession(
       session_creator=creator, hooks=graph.hooks,
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
-def loop(sess, run, graph, settings, step_timeout_secs, stop):
-  """The step loop: run, check, log. Returns (global step, this worker's steps)."""
+def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
+  """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
   read_step = lambda step_context: step_context.session.run(graph.global_step)
@@ -422,8 +464,11 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
           '--max_steps to train further.' % (run.who, step, max_steps))
   local_step, last_shown = 0, step
   while step < max_steps and not sess.should_stop() and not stop.requested:
+    progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
+    progress.stepping.set()
     results = run_step(sess, run, graph, step_timeout_secs)
+    progress.stepping.clear()
     if results is None:
       break  # async: the other workers have claimed the last updates (see run_step)
     duration = time.time() - start_time
@@ -449,12 +494,12 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop):
     step, last_shown = step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
+  progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   # Only at the end: after a stop the workers wait for their tokens until a chief
   # restarted with the same command has them run on (up to --step_timeout_secs).
   if graph.release_workers is not None and step >= max_steps:
     sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
-  return step, local_step
 
 
 def run_step(sess, run, graph, step_timeout_secs):
@@ -489,10 +534,16 @@ def ended_early_message(run, graph, step, max_steps):
 
 def untouched(run, graph):
   """What a worker stopping on a diverged loss leaves on disk, for its message."""
-  if run.task_index == 0:  # its SaveCheckpoints hook knows
-    [saves] = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
-    return checkpoints.untouched_note(saves.last_saved)
+  if run.task_index == 0:
+    return checkpoints.untouched_note(saved_step(run, graph))
   return 'the chief saves no checkpoint with a NaN or infinite variable.'
+
+
+def saved_step(run, graph):
+  """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
+  (none yet, or not the chief)."""
+  saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
+  return saves[0].last_saved if run.task_index == 0 and saves else None
 
 
 def stuck_step_message(run, graph, secs):

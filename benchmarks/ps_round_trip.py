@@ -130,10 +130,10 @@ def build_step(kind, device_setter, train_dir):
               None)
     ema = updates.moving_averages(global_step, cifar10)
     if kind == 'sync':
-      train_op, step_after, hooks, _, _ = worker_updates.sync_update(
+      train_op, step_after, hooks, _, _, _ = worker_updates.sync_update(
           SyncRun(1, 0), SyncWorker(None), opt, grads, global_step, ema, NEVER)
     else:
-      train_op, step_after, hooks, _, _ = worker_updates.async_update(
+      train_op, step_after, hooks, _, _, _ = worker_updates.async_update(
           None, None, opt, grads, global_step, ema, NEVER)
     if kind == '+ averages':
       return [train_op, loss, step_after], None, None

@@ -207,6 +207,9 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         return 1
       time.sleep(0.2)
     stop_chief(tasks['worker0'], stop)
+    stop_tasks(tasks.values())
+    print('local cluster: stopped; exit codes: %s' % ', '.join(
+        '%s %s' % (name, exit_status(p.returncode)) for name, p in tasks.items()), flush=True)
     return stop.exit_code
   finally:
     stop_tasks(tasks.values())
@@ -224,6 +227,13 @@ def stop_chief(chief, stop):
     except subprocess.TimeoutExpired:
       print('local cluster: the chief has not stopped within %d s; stopping every task '
             'without its checkpoint' % STOP_CHIEF_SECS, flush=True)
+
+
+def exit_status(returncode):
+  """143, or 'killed by SIGKILL' (Popen's negative return codes)."""
+  if returncode is not None and returncode < 0:
+    return 'killed by %s' % signal.Signals(-returncode).name
+  return str(returncode)
 
 
 def stop_tasks(processes):

@@ -17,6 +17,14 @@ has reported and GRACE_SECS have passed without the rest: a worker that died
 without a word must not keep the ps tasks waiting forever; the chief speaks for
 the job. Both sides build the same queue, by name (shared_name) on the same
 device, /job:ps/task:i, so they reach the same one in the ps task's memory.
+
+A job stopped whole (Slurm's scancel, a time limit, a Kubernetes job deleted) signals
+every task at once. The chief's variables live on the ps tasks, so a ps task that
+left at once would take the chief's last save with it: asked to stop, a ps task
+serves on until the chief says it has stopped (after its save), for at most
+STOP_WAIT_SECS. Each worker that stops on a signal says so in the same queue:
+
+    ps_shutdown.report_finished(server.target, num_ps, task_index, config, stopped=True)
 """
 import collections
 import threading
@@ -27,12 +35,23 @@ import tensorflow as tf
 GRACE_SECS = 30            # after the chief reports, the ps tasks wait this long for the rest
 POLL_SECS = 0.5            # a ps task looks at its queue this often; a stop is seen as often
 REPORT_TIMEOUT_SECS = 30   # a worker gives up saying it has finished to a ps that is gone
+STOP_WAIT_SECS = 20        # a ps task asked to stop serves the chief's save this long at most:
+                           # well inside the 30 s Slurm (KillWait) and Kubernetes
+                           # (terminationGracePeriodSeconds) give before SIGKILL
+OTHERS_STOP_SECS = 5       # ... then the other workers' last steps this long at most
 
 WorkersSeen = collections.namedtuple('WorkersSeen', [
     'reported',  # sorted worker indexes that said they finished
     'why',       # 'all': every worker reported; 'grace': the chief did, and GRACE_SECS
-                 # passed; 'stopped': should_stop() said so first
+                 # passed; 'stopped': should_stop() said so, then the chief stopped
+                 # (or STOP_WAIT_SECS passed)
 ])
+
+
+def queued_value(worker_index, stopped):
+  """What a worker puts in the queue: its index when it has finished training,
+  -1 - its index when it stopped on a signal (the chief: after its save)."""
+  return -1 - worker_index if stopped else worker_index
 
 
 def finished_queue(ps_index):
@@ -48,8 +67,8 @@ def finished_queue(ps_index):
                               name='finished_workers_ps%d' % ps_index)
 
 
-def finished_op(num_ps, worker_index):
-  """The op that tells every ps task this worker has finished: one enqueue each.
+def finished_op(num_ps, worker_index, stopped=False):
+  """The op that tells every ps task this worker has finished (or stopped): one enqueue each.
 
   Placed on the ps tasks explicitly, so it may be built under the worker's
   replica_device_setter too (which leaves explicit ps devices alone); build it
@@ -66,13 +85,16 @@ def finished_op(num_ps, worker_index):
   for ps_index in range(num_ps):
     queue = finished_queue(ps_index)
     with tf.device('/job:ps/task:%d' % ps_index):
-      enqueues.append(queue.enqueue(tf.constant(worker_index, tf.int32)))
-  return tf.group(*enqueues, name='worker%d_finished' % worker_index)
+      enqueues.append(queue.enqueue(tf.constant(queued_value(worker_index, stopped),
+                                                tf.int32)))
+  return tf.group(*enqueues, name='worker%d_%s' % (worker_index,
+                                                   'stopped' if stopped else 'finished'))
 
 
 def report_finished(target, num_ps, worker_index, config=None,
-                    timeout_secs=REPORT_TIMEOUT_SECS):
-  """Tells every ps task this worker has finished; False if not within timeout_secs.
+                    timeout_secs=REPORT_TIMEOUT_SECS, stopped=False):
+  """Tells every ps task this worker has finished (or stopped, after its last save);
+  False if not within timeout_secs.
 
   Call it at the very end, after the worker's training session is closed: the
   ps tasks may exit as soon as it returns. Builds its own small graph, and runs
@@ -85,6 +107,8 @@ def report_finished(target, num_ps, worker_index, config=None,
     config: the worker's tf.compat.v1.ConfigProto, or None for one that sees only
       the ps tasks and this worker.
     timeout_secs: float, how long to try.
+    stopped: True: stopped on a signal, not finished (the ps tasks may leave once
+      the chief has said so).
 
   Returns:
     True once every ps task has the report; False when some did not answer in
@@ -97,7 +121,7 @@ def report_finished(target, num_ps, worker_index, config=None,
 
   def report():
     with tf.Graph().as_default() as graph:
-      op = finished_op(num_ps, worker_index)
+      op = finished_op(num_ps, worker_index, stopped)
     with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
       sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
     done.append(True)
@@ -110,13 +134,17 @@ def report_finished(target, num_ps, worker_index, config=None,
 
 
 def wait_for_workers(server, ps_index, num_workers, grace_secs=GRACE_SECS,
-                     should_stop=None, log=print, poll_secs=POLL_SECS):
+                     should_stop=None, log=print, poll_secs=POLL_SECS,
+                     stop_wait_secs=STOP_WAIT_SECS, others_secs=OTHERS_STOP_SECS):
   """A ps task's wait for the end of training: returns what it saw.
 
   Opens a session on this ps task's own server that sees only this task, and
   looks at its queue every poll_secs, in Python, where Ctrl-C and should_stop
   are heard. Returns when every worker has reported, when the chief has
-  reported and grace_secs have passed since, or when should_stop() is true.
+  reported and grace_secs have passed since, or, once should_stop() is true,
+  when the chief has said it stopped (within stop_wait_secs before the stop, or
+  after it) and the other workers have too (or others_secs have passed since the
+  chief), or when stop_wait_secs have passed.
 
   Args:
     server: this ps task's tf.compat.v1.train.Server.
@@ -126,6 +154,8 @@ def wait_for_workers(server, ps_index, num_workers, grace_secs=GRACE_SECS,
     should_stop: callable -> bool, or None; e.g. a StopSignals' `requested`.
     log: callable(str), for a line per report and one at the end.
     poll_secs: float, between looks at the queue.
+    stop_wait_secs: float, how long a stopped ps task serves the chief's save.
+    others_secs: float, how long it then serves the other workers' last steps.
 
   Returns:
     WorkersSeen(reported, why).
@@ -134,24 +164,68 @@ def wait_for_workers(server, ps_index, num_workers, grace_secs=GRACE_SECS,
     queue = finished_queue(ps_index)
     reports = queue.dequeue_many(queue.size())  # never waits: only this task dequeues
   config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:%d' % ps_index])
-  reported, chief_at = set(), None
+  heard, stop_at = Heard(ps_index, num_workers, log), None
   with tf.compat.v1.Session(server.target, graph=graph, config=config) as sess:
     while True:
-      for worker in sess.run(reports):
-        worker = int(worker)
-        if worker not in reported:
-          reported.add(worker)
-          log('ps task %d: worker %d has finished (%d of %d)'
-              % (ps_index, worker, len(reported & set(range(num_workers))), num_workers))
-      if set(range(num_workers)) <= reported:
-        return WorkersSeen(sorted(reported), 'all')
-      if 0 in reported:
-        chief_at = chief_at or time.time()
-        if time.time() - chief_at >= grace_secs:
-          missing = sorted(set(range(num_workers)) - reported)
-          log('ps task %d: the chief finished %g s ago; worker(s) %s have not said so: '
-              'ending' % (ps_index, grace_secs, ','.join(map(str, missing))))
-          return WorkersSeen(sorted(reported), 'grace')
-      if should_stop is not None and should_stop():
-        return WorkersSeen(sorted(reported), 'stopped')
+      # Read before the queue: a chief's word that came with the stop is heard now.
+      stopping = should_stop is not None and should_stop()
+      heard.take(sess.run(reports))
+      if heard.all_finished():
+        return WorkersSeen(sorted(heard.finished), 'all')
+      if heard.chief_finished_for(grace_secs):
+        return WorkersSeen(sorted(heard.finished), 'grace')
+      if stopping:
+        if stop_at is None:
+          stop_at = time.time()
+          log('ps task %d: asked to stop; serving the chief until it has saved, at most '
+              '%g s' % (ps_index, stop_wait_secs))
+        if heard.all_stopped_since(stop_at - stop_wait_secs, others_secs) or (
+            time.time() - stop_at >= stop_wait_secs):
+          return WorkersSeen(sorted(heard.finished), 'stopped')
       time.sleep(poll_secs)
+
+
+class Heard:
+  """What the workers have said in one ps task's queue: who finished, and when each
+  last said it finished or stopped."""
+
+  def __init__(self, ps_index, num_workers, log):
+    self._ps_index, self._num_workers, self._log = ps_index, num_workers, log
+    self.finished, self._said_at, self._chief_finished_at = set(), {}, None
+
+  def take(self, values):
+    for value in map(int, values):
+      worker = -1 - value if value < 0 else value  # queued_value's stop, or finish
+      self._said_at[worker] = time.time()
+      if value < 0:
+        self._log('ps task %d: worker %d stopped on a signal%s' % (
+            self._ps_index, worker, ', after its save' if worker == 0 else ''))
+      elif value not in self.finished:
+        self.finished.add(value)
+        self._log('ps task %d: worker %d has finished (%d of %d)' % (
+            self._ps_index, value, len(self.finished & set(range(self._num_workers))),
+            self._num_workers))
+    if 0 in self.finished and self._chief_finished_at is None:
+      self._chief_finished_at = time.time()
+
+  def all_finished(self):
+    return set(range(self._num_workers)) <= self.finished
+
+  def chief_finished_for(self, grace_secs):
+    """True, saying so, once the chief has finished grace_secs ago and others have not."""
+    at = self._chief_finished_at
+    if at is None or time.time() - at < grace_secs:
+      return False
+    missing = sorted(set(range(self._num_workers)) - self.finished)
+    self._log('ps task %d: the chief finished %g s ago; worker(s) %s have not said so: '
+              'ending' % (self._ps_index, grace_secs, ','.join(map(str, missing))))
+    return True
+
+  def all_stopped_since(self, since, others_secs):
+    """Whether the chief has said it stopped or finished at `since` or later, and every
+    other worker too, or others_secs have passed since the chief did."""
+    recent = {w for w, at in self._said_at.items() if at >= since} | self.finished
+    if 0 not in recent:
+      return False
+    return (set(range(self._num_workers)) <= recent or
+            time.time() - self._said_at.get(0, 0) >= others_secs)

@@ -25,10 +25,16 @@ from training import checkpoints, errors, mixed_precision, steps, summaries
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
+STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
+STOP_CHECK_SECS = 2          # a worker awaiting the chief looks for a stop this often
+# What a step, the session's close or its reopening raise once the ps tasks are gone.
+PS_GONE_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                  tf.errors.CancelledError, errors.PeerGone)
 
 
-def wait_for_ps(ps_hosts, timeout_secs, who):
-  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs.
+def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
+  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs,
+  or at once when should_stop() says this task is stopping.
 
   TensorFlow itself would wait forever, silently, to open a session on a ps task
   that is not there.
@@ -45,6 +51,9 @@ def wait_for_ps(ps_hosts, timeout_secs, who):
         pass
     if not missing:
       return
+    if should_stop is not None and should_stop():
+      raise errors.PeerGone('%s was asked to stop while the ps task(s) at %s did not '
+                            'answer' % (who, ', '.join(missing)))
     if time.time() > deadline:
       raise errors.PeerGone(
           '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
@@ -66,16 +75,16 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   """
 
   def __init__(self, who, ps_hosts, timeout_secs, arm_watchdog, train_dir, restore_fp16,
-               **kwargs):
+               should_stop, **kwargs):
     super().__init__(**kwargs)
     self._who, self._ps_hosts, self._timeout_secs = who, ps_hosts, timeout_secs
     self._arm_watchdog, self._train_dir, self._opened = arm_watchdog, train_dir, 0
-    self._restore_fp16 = restore_fp16
+    self._restore_fp16, self._should_stop = restore_fp16, should_stop
 
   def create_session(self):
     if self._opened:
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'restores the variables from the latest checkpoint')
+                    'restores the variables from the latest checkpoint', self._should_stop)
       # The newest of this directory's checkpoints that reads whole, found as at start.
       self._checkpoint_filename_with_path = checkpoints.checkpoint_to_resume(
           self._train_dir)[0]
@@ -103,16 +112,17 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
   """
 
   def __init__(self, who, ps_hosts, chief_host, timeout_secs, arm_watchdog, scaffold,
-               master, config):
+               master, config, should_stop):
     self._who, self._ps_hosts, self._chief_host = who, ps_hosts, chief_host
     self._timeout_secs, self._arm_watchdog = timeout_secs, arm_watchdog
     self._scaffold, self._master, self._config = scaffold, master, config
-    self._opened = 0
+    self._opened, self._should_stop = 0, should_stop
 
   def create_session(self):
     if self._opened:
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'waits for the chief to restore the variables from its checkpoint')
+                    'waits for the chief to restore the variables from its checkpoint',
+                    self._should_stop)
     else:
       print('%s: waiting for the chief (worker 0 at %s) to initialise the variables'
             % (self._who, self._chief_host), flush=True)
@@ -124,20 +134,31 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
         ready_op=self._scaffold.ready_op,
         ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
         graph=tf.compat.v1.get_default_graph(), recovery_wait_secs=RECOVERY_WAIT_SECS)
-    try:
-      return manager.wait_for_session(self._master, config=self._config,
-                                      max_wait_secs=self._timeout_secs)
-    except tf.errors.DeadlineExceededError:
-      raise errors.PeerGone(
-          '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
-          'tasks. Start worker 0 (or look at its log for an error), or raise '
-          '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
-                                       'restore' if self._opened > 1 else
-                                       'initialise or restore')) from None
+    deadline = time.time() + self._timeout_secs
+    while True:  # in slices, so that a stop is heard while the chief is awaited
+      try:
+        return manager.wait_for_session(
+            self._master, config=self._config,
+            max_wait_secs=max(min(STOP_CHECK_SECS, deadline - time.time()), 0))
+      except tf.errors.DeadlineExceededError:
+        if self._should_stop():
+          raise errors.PeerGone('%s was asked to stop while it waited for the chief'
+                                % self._who) from None
+        if time.time() >= deadline:
+          raise errors.PeerGone(
+              '%s waited %d s for the chief (worker 0 at %s) to %s the variables on the ps '
+              'tasks. Start worker 0 (or look at its log for an error), or raise '
+              '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
+                                           'restore' if self._opened > 1 else
+                                           'initialise or restore')) from None
 
 
-def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then):
-  """After a ps task went away: says so, waits for the ps tasks to answer again."""
+def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then, should_stop):
+  """After a ps task went away: says so, waits for the ps tasks to answer again;
+  PeerGone at once for a task that is stopping (its ps tasks stopped with it)."""
+  if should_stop():
+    raise errors.PeerGone('%s: the session was aborted while stopping: the ps tasks (%s) '
+                          'have left' % (who, ','.join(ps_hosts)))
   print('%s: the session was aborted: a ps task (%s) went away or restarted, and with '
         'it the variables it held. Waiting up to %d s for the ps tasks to answer; then '
         'this worker %s.' % (who, ','.join(ps_hosts), timeout_secs, then), flush=True)
@@ -145,7 +166,70 @@ def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then):
                '%s could not open a new session with the ps tasks %s within %d s. Check '
                'that they are running, or raise --startup_timeout_secs.'
                % (who, ','.join(ps_hosts), 2 * timeout_secs + WATCHDOG_SLACK_SECS))
-  wait_for_ps(ps_hosts, timeout_secs, who)
+  wait_for_ps(ps_hosts, timeout_secs, who, should_stop)
+
+
+class Progress:
+  """Where a worker's loop is: the global step it last saw, its own steps so far, and
+  an Event set while a step runs (for watch_stopping_step)."""
+
+  def __init__(self, step):
+    self.step, self.local_step, self.stepping = step, 0, threading.Event()
+
+
+def watch_stopping_step(stop, progress, who, is_chief, release=None,
+                        after_secs=STOP_STEP_SECS):
+  """Once a stop is asked for, sees that the step under way ends; starts a daemon thread.
+
+  Stopped together (a whole job preempted), the workers each finish the step they
+  are in. Sync: a step begun just before the others stopped waits for an update
+  that needs their gradients, until --step_timeout_secs, long past any
+  orchestrator's grace period, and the chief would never save. After after_secs,
+  release() hands it a token, so that it returns (its gradient stays in the
+  accumulators, stale to any later update). A step still running after_secs later
+  waits on ps tasks that have left: the task then says where it stopped and exits
+  with the signal's code, as it would have after the step.
+
+  Args:
+    stop: a StopSignals; progress: the loop's Progress.
+    release: sync: a function of no arguments that hands this worker a token; else None.
+  """
+  def watch():
+    while not stop.requested:
+      time.sleep(0.2)
+    if release and not _step_ends(progress, after_secs):
+      print('%s: stopping, its step still waits %g s on, for workers that have stopped: '
+            'it hands itself a token' % (who, after_secs), flush=True)
+      release()
+    if not _step_ends(progress, after_secs):
+      line = ('Stopped by %s at step %d%s; its last step never returned (the ps tasks have '
+              'left). Rerun the same command to resume%s.\n' % (
+                  stop.name, progress.step, ' without saving it' if is_chief else '',
+                  ' from the last checkpoint' if is_chief else ''))
+      os.write(1, line.encode())  # not print(): the main thread may hold stdout's lock
+      os._exit(stop.exit_code)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, daemon=True, name='watch_stopping_step').start()
+
+
+def _step_ends(progress, secs):
+  """Whether no step runs, or the one running ends, within secs."""
+  deadline = time.time() + secs
+  while progress.stepping.is_set() and time.time() < deadline:
+    time.sleep(0.1)
+  return not progress.stepping.is_set()
+
+
+def release_op_runner(target, config, op):
+  """A function that runs op once in a session of its own, for at most 5 s; ps tasks
+  that are gone make it a no-op."""
+  def run():
+    try:
+      with tf.compat.v1.Session(target, graph=op.graph, config=config) as sess:
+        sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
+    except tf.errors.OpError:
+      pass
+  return run
 
 
 def start_watchdog():

@@ -6,7 +6,8 @@ dist_train.py's build() makes the towers and their average, then one of these:
     sync_update(...)   # SyncReplicasOptimizer: the chief applies the average of several
 
 Each returns (train op, the global step after it, hooks, the sync chief's op that
-releases the workers at the end, fp16's skip check). With --use_fp16 a gradient
+releases the workers at the end, fp16's skip check, sync: the op that releases this
+worker's own step). With --use_fp16 a gradient
 that overflowed is not applied: async, by the worker that computed it; sync, by
 the chief's queue runner, which checks the aggregate. Nothing here reads flags.
 """
@@ -141,7 +142,7 @@ def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scal
 
   Returns:
     (train op, the global step it claimed (fp16 skip: the global step), hooks,
-     None, fp16: this step's (applied, scale, new_scale), else None).
+     None, fp16: this step's (applied, scale, new_scale), else None, None).
   """
   del run, worker
   apply_fn = lambda: updates.then_average(
@@ -155,7 +156,7 @@ def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scal
   with tf.control_dependencies([train_op]):
     step_after = tf.identity(global_step.read_value())  # this worker's update included
   return (train_op, step_after, [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)],
-          None, skip_check)
+          None, skip_check, None)
 
 
 def sync_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
@@ -172,7 +173,8 @@ def sync_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale
   Returns:
     (train op: push the gradient, wait for a token; the token, which names the
      global step; hooks; the chief's op handing every worker a token at the end;
-     fp16 chief: the skips noted since its last step, else None).
+     fp16 chief: the skips noted since its last step, else None; the op handing
+     this worker's own step a token, for a stop: worker_sessions.watch_stopping_step).
   """
   del scale, all_finite  # the chief checks the aggregate instead
   with worker_sessions.quiet_deprecations():
@@ -186,9 +188,10 @@ def sync_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale
     # update that will never come gets it, sees the last step and stops.
     release_workers = (sync.get_init_tokens_op(run.num_workers) if run.task_index == 0
                        else None)
+    release_step = sync.get_init_tokens_op(1)
   skip_check = None
   if loss_scale and run.task_index == 0:
     skips = sync.skip_overflow.skips
     with tf.control_dependencies([train_op]):  # the update of this step's token is in
       skip_check = skips.dequeue_up_to(skips.size())  # every note left since the last step
-  return train_op, tf.identity(train_op), hooks, release_workers, skip_check
+  return train_op, tf.identity(train_op), hooks, release_workers, skip_check, release_step

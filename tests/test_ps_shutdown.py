@@ -84,7 +84,7 @@ def test_wait_for_workers_chief_only_returns_after_grace():
 def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker_once():
   ps, workers = start_cluster(num_ps=1, num_workers=2)
   stop = threading.Event()
-  wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop.is_set)
+  wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop.is_set, stop_wait_secs=0)
   for _ in range(2):  # a restarted worker 1 says it twice
     assert ps_shutdown.report_finished(workers[1].target, 1, 1, timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 1 has finished (1 of 2)')
@@ -92,7 +92,56 @@ def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker
   assert wait.result is None  # no chief: no grace period starts
   stop.set()
   assert wait.join() == ps_shutdown.WorkersSeen([1], 'stopped')
-  assert wait.lines == ['ps task 0: worker 1 has finished (1 of 2)']
+  assert wait.lines == ['ps task 0: worker 1 has finished (1 of 2)',
+                        'ps task 0: asked to stop; serving the chief until it has saved, '
+                        'at most 0 s']
+
+
+def test_wait_for_workers_stopped_serves_until_every_worker_says_it_stopped():
+  # A whole job stopped at once: the ps task outlives the chief's save, then leaves.
+  ps, workers = start_cluster(num_ps=1, num_workers=2)
+  stop = threading.Event()
+  stop.set()
+  wait = Waiting(ps[0], 0, 2, should_stop=stop.is_set, stop_wait_secs=60, others_secs=60)
+  wait.wait_for_line('at most 60 s')
+  assert ps_shutdown.report_finished(workers[1].target, 1, 1, stopped=True,
+                                     timeout_secs=WAIT_SECS)
+  wait.wait_for_line('worker 1 stopped on a signal')
+  time.sleep(1)  # ten polls: the chief has not said it saved
+  assert wait.result is None
+  assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
+                                     timeout_secs=WAIT_SECS)
+  assert wait.join() == ps_shutdown.WorkersSeen([], 'stopped')
+  assert wait.elapsed < 30
+  assert wait.lines[-1] == 'ps task 0: worker 0 stopped on a signal, after its save'
+
+
+def test_wait_for_workers_stopped_chief_saved_others_silent_leaves_after_others_secs():
+  ps, workers = start_cluster(num_ps=1, num_workers=3)
+  stop = threading.Event()
+  stop.set()
+  wait = Waiting(ps[0], 0, 3, should_stop=stop.is_set, stop_wait_secs=60, others_secs=1)
+  said_at = time.time()
+  assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
+                                     timeout_secs=WAIT_SECS)
+  assert wait.join() == ps_shutdown.WorkersSeen([], 'stopped')
+  assert 1 <= time.time() - said_at < 30
+
+
+def test_wait_for_workers_chief_stopped_long_before_the_ps_stop_waits_for_it_again():
+  # A chief stopped alone, then restarted: its old word must not let a later stop
+  # of the ps leave before the new chief's save.
+  ps, workers = start_cluster(num_ps=1, num_workers=1)
+  stop = threading.Event()
+  wait = Waiting(ps[0], 0, 1, should_stop=stop.is_set, stop_wait_secs=2)
+  assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
+                                     timeout_secs=WAIT_SECS)
+  wait.wait_for_line('worker 0 stopped on a signal, after its save')
+  time.sleep(2.5)  # past stop_wait_secs: that word is old when the stop comes
+  stop.set()
+  stopped_at = time.time()
+  assert wait.join() == ps_shutdown.WorkersSeen([], 'stopped')
+  assert time.time() - stopped_at >= 2  # the whole stop_wait_secs
 
 
 def test_wait_for_workers_report_before_ps_waits_is_kept():

@@ -12,6 +12,7 @@ import resource
 import shutil
 import signal
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -415,6 +416,7 @@ def test_checkpoint_to_resume_removes_own_leftovers_only_saying_so(tmp_path):
 
 BLOCKED_IN_TENSORFLOW = '''
 import sys
+import time
 import tensorflow as tf
 from training import signals
 tf.compat.v1.disable_eager_execution()
@@ -431,24 +433,49 @@ with tf.compat.v1.Session(config=config) as sess:
 '''
 
 
+def _deliver(blocked, sig):
+  """Sends sig once the last one sent is delivered: two pending at once are one."""
+  helpers.wait_until(lambda: not any(helpers.signal_pending(blocked.pid, s)
+                                     for s in (signal.SIGINT, signal.SIGTERM)),
+                     'delivery of the signal before', blocked)
+  blocked.send(sig)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('sig, code, name', [(signal.SIGINT, 130, 'Ctrl-C'),
-                                             (signal.SIGTERM, 143, 'SIGTERM')])
-def test_second_signal_while_inside_tensorflow_exits_at_once_saying_so(tmp_path, tasks, sig,
-                                                                      code, name):
+@pytest.mark.parametrize('first, said', [(signal.SIGINT, 'a second Ctrl-C'),
+                                         (signal.SIGTERM, 'Ctrl-C after SIGTERM')],
+                         ids=['Ctrl-C', 'SIGTERM'])
+def test_ctrl_c_after_a_signal_while_inside_tensorflow_exits_at_once_saying_so(
+    tmp_path, tasks, first, said):
   blocked = tasks([sys.executable, '-c', BLOCKED_IN_TENSORFLOW, str(tmp_path)])
   blocked.wait_for(lambda line: line == 'inside sess.run', 'the main thread in sess.run')
-  blocked.send(sig)
-  # Two signals pending at once are one: the second goes once the first is delivered.
-  helpers.wait_until(lambda: not helpers.signal_pending(blocked.pid, sig),
-                     'delivery of the first signal', blocked)
-  blocked.send(sig)
+  blocked.send(first)
   # At once: long before sess.run's 30 s timeout would have ended the wait (a Python
   # handler runs only then), with the line that says so.
-  assert blocked.finish() == code, blocked.log()
-  assert blocked.err_lines[-1] == ('Stopped by a second %s without saving; the last '
-                                   'checkpoint in %s is untouched.' % (name, tmp_path))
+  _deliver(blocked, signal.SIGINT)
+  assert blocked.finish() == 130, blocked.log()
+  assert blocked.err_lines[-1] == ('Stopped by %s without saving; the last checkpoint in %s '
+                                   'is untouched.' % (said, tmp_path))
   assert 'timed out' not in blocked.out, blocked.log()
+
+
+@pytest.mark.slow
+def test_second_sigterm_while_inside_tensorflow_changes_nothing_says_so_once(tmp_path, tasks):
+  # An orchestrator's repeated SIGTERM (srun --kill-on-bad-exit) must not cut a save.
+  blocked = tasks([sys.executable, '-c', BLOCKED_IN_TENSORFLOW, str(tmp_path)])
+  blocked.wait_for(lambda line: line == 'inside sess.run', 'the main thread in sess.run')
+  blocked.send(signal.SIGTERM)
+  for _ in range(2):
+    _deliver(blocked, signal.SIGTERM)
+  blocked.wait_for(lambda line: line.startswith('SIGTERM again'), 'the line saying so')
+  _deliver(blocked, signal.SIGTERM)  # after the line: the third is not said again
+  time.sleep(1)
+  assert blocked.process.poll() is None, blocked.log()
+  assert [line for line in blocked.lines if line.startswith('SIGTERM again')] == [
+      'SIGTERM again: still finishing the step and its save (a Ctrl-C ends at once, '
+      'losing them)'], blocked.log()
+  blocked.send(signal.SIGINT)  # a person: at once
+  assert blocked.finish() == 130, blocked.log()
 
 
 # ---- A write that fails: one line ---------------------------------------------------

@@ -8,6 +8,7 @@ wrong and what to do; PeerGone asks the orchestrator for a restart.
 import contextlib
 import os
 import re
+import signal
 import sys
 
 from training import input_lib
@@ -53,6 +54,10 @@ def one_line_errors():
   except (TrainingError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
   except Stopped as e:
+    # Exiting already: a repeated SIGTERM (an orchestrator's, a launcher's) must not
+    # turn the exit into death by a signal. Ignored, it stays ignored through the
+    # interpreter's shutdown, which resets only the handlers Python installed.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.exit(e.exit_code)
 
 

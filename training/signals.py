@@ -1,6 +1,10 @@
-"""Ctrl-C and SIGTERM: the trainer finishes its step, saves, and exits 130 or 143."""
+"""Ctrl-C and SIGTERM: the trainer finishes its step, saves, and exits 130 or 143.
+
+A second Ctrl-C exits at once; a second SIGTERM changes nothing (StopSignals).
+"""
 import os
 import signal
+import sys
 import threading
 
 
@@ -15,12 +19,19 @@ class StopSignals:
   never lost, whenever it arrives: raised as an exception inside TensorFlow's
   own Python code, a KeyboardInterrupt can be swallowed there.
 
-  A second signal is for someone who cannot wait for the step to end. With
+  A second Ctrl-C is for someone who cannot wait for the step to end. With
   train_dir, the process exits at once, even while its main thread is inside
   TensorFlow's C++ code (a checkpoint write), where no Python handler runs: the C
   handler writes each signal's number to a pipe (signal.set_wakeup_fd) and a
-  thread reading it exits on the second. Without train_dir (a launcher whose own
-  loop is plain Python), the second signal raises KeyboardInterrupt there.
+  thread reading it exits on a Ctrl-C that follows the first signal. Without
+  train_dir (a launcher, a ps task, whose loops are plain Python), that Ctrl-C
+  raises KeyboardInterrupt there.
+
+  A second SIGTERM stops nothing: it is an orchestrator's, not a person's. Slurm's
+  srun --kill-on-bad-exit sends one to every task once any task has exited (143,
+  after its own save), and a person's `kill` twice means the same as once; it must
+  not turn the chief's save in progress into a run lost since the last one. SIGKILL
+  remains for what cannot wait.
 
   SIGXFSZ is ignored, so that a file-size limit makes the checkpoint write fail
   with an error this program reports, instead of killing it without a word.
@@ -32,6 +43,7 @@ class StopSignals:
   def __init__(self, train_dir=None):
     self.signum = None
     self._train_dir = train_dir
+    self._said_again = False
     for signum in SIGNAL_EXIT_CODES:
       signal.signal(signum, self._handle)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -46,19 +58,38 @@ class StopSignals:
     del frame
     if self.signum is None:
       self.signum = signum
-    elif self._train_dir is None:
+    elif self._train_dir is None and signum == signal.SIGINT:
       raise KeyboardInterrupt
+    elif self._train_dir is None and signum == signal.SIGTERM:
+      self._say_sigterm_again(sys.stdout.fileno())
 
   def _exit_on_second(self, read_fd):
-    seen = 0
+    first = None
     while True:
       for signum in os.read(read_fd, 64):  # one byte per signal, its number
-        seen += signum in SIGNAL_EXIT_CODES
-        if seen == 2:
-          line = ('Stopped by a second %s without saving; the last checkpoint in %s is '
-                  'untouched.\n' % (SIGNAL_NAMES[signum], self._train_dir))
+        if signum not in SIGNAL_EXIT_CODES:
+          continue
+        if first is None:
+          first = signum
+          # Heard here at once: the Python handler runs only when the main thread
+          # leaves TensorFlow's C++ code, and a step may wait there for long.
+          if self.signum is None:
+            self.signum = signum
+        elif signum == signal.SIGINT:
+          line = ('Stopped by %s without saving; the last checkpoint in %s is untouched.\n'
+                  % ('a second Ctrl-C' if first == signal.SIGINT else 'Ctrl-C after SIGTERM',
+                     self._train_dir))
           os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock
           os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
+        else:
+          self._say_sigterm_again(1)
+
+  def _say_sigterm_again(self, fd):
+    """Once: a repeated SIGTERM changes nothing."""
+    if not self._said_again:
+      self._said_again = True
+      os.write(fd, b'SIGTERM again: still finishing the step and its save (a Ctrl-C ends '
+                   b'at once, losing them)\n')
 
   @property
   def requested(self):
