@@ -19,9 +19,12 @@ checkpoint. Plain TensorFlow loads it, no project code needed:
 tf.saved_model.load(DIR).signatures['serving_default'](images=...). The class names
 travel with it, in DIR/assets.extra/class_names.txt: line i names class i.
 
-It only reads --train_dir. An --export_dir that exists is refused, unless it holds a
-SavedModel and --overwrite is given. The export is written beside --export_dir and
-renamed into place, so a run that fails leaves nothing behind. Takes a few seconds.
+It only reads --train_dir. An --export_dir that exists is refused. --overwrite replaces
+only an export this program wrote: it lists what it wrote in
+DIR/assets.extra/export_model.json, and a directory without that record, or holding
+anything the record does not list (a NOTES.txt, a 2/ beside it), is refused, naming what
+is there. The export is written beside --export_dir and renamed into place, so a run that
+fails, or is stopped by Ctrl-C or SIGTERM, leaves nothing behind. Takes a few seconds.
 """
 import os
 import sys
@@ -32,7 +35,9 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
   prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
 
 import collections
+import json
 import shutil
+import stat
 import tempfile
 
 from absl import app
@@ -43,7 +48,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
-from training import checkpoints, errors, evaluation, placement
+from training import checkpoints, errors, evaluation, placement, signals
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -56,6 +61,10 @@ SIGNATURE_KEY = 'serving_default'     # the signature TensorFlow Serving and Ker
 INPUT_KEY = 'images'
 CLASS_NAMES_FILE = os.path.join('assets.extra', 'class_names.txt')  # SavedModel's place for
                                                                     # files the graph never reads
+# What this program wrote, so that --overwrite removes that and nothing else.
+RECORD_FILE = os.path.join('assets.extra', 'export_model.json')
+RECORD_MAX_BYTES = 1 << 16  # a record lists a few files; a bigger one is not this program's
+SHOWN_ENTRIES = 5           # a refusal names at most this many of a directory's entries
 
 # ---- The data sets: the network, the preprocessing, the raw image -----------------
 DataSet = collections.namedtuple('DataSet', [
@@ -86,9 +95,11 @@ def define_flags():
   flags.DEFINE_string('export_dir', None, 'The SavedModel is written as this directory, '
                       'which must not exist yet (default: %s; %s for mnist).'
                       % (EXPORT_DIR, MNIST_EXPORT_DIR))
-  flags.DEFINE_boolean('overwrite', False, 'Replace --export_dir when it holds a SavedModel '
-                       'already, saying so. Without it an existing --export_dir is refused; '
-                       'a directory that is not a SavedModel is refused even with it.')
+  flags.DEFINE_boolean('overwrite', False, 'Replace --export_dir when it holds an export '
+                       'this program wrote (listed in its %s), saying so. Anything else is '
+                       'refused, naming what is there: a directory without that record '
+                       '(another program\'s SavedModel, an export of an older version), or '
+                       'one holding files the record does not list.' % RECORD_FILE)
   onednn.define_flag(__name__)
 
 
@@ -125,18 +136,126 @@ def variables_to_restore(model):
 
 
 def check_export_dir(export_dir, overwrite):
-  """Returns True when an export is to be replaced; raises ExportError when it may not be."""
+  """What --overwrite is to remove of the export at export_dir: {path relative to it:
+  'file' or 'dir'}, every entry there, each listed in its RECORD_FILE. None when
+  export_dir does not exist.
+
+  Raises:
+    ExportError: it exists and may not be replaced; the message names what is there.
+  """
   if not os.path.lexists(export_dir):
-    return False
-  if not (os.path.isdir(export_dir) and tf.saved_model.contains_saved_model(export_dir)):
+    return None
+  if os.path.islink(export_dir) or not os.path.isdir(export_dir):
+    raise ExportError('--export_dir %s exists and is not a directory; nothing was written. '
+                      'Name a directory that does not exist yet: the SavedModel is written '
+                      'as that directory.' % export_dir)
+  if not tf.saved_model.contains_saved_model(export_dir):
     raise ExportError('--export_dir %s exists and is not a SavedModel; nothing was written. '
                       'Name a directory that does not exist yet: the SavedModel is written '
                       'as that directory.' % export_dir)
+  found = _entries(export_dir)
+  listed = _read_record(export_dir, found)
+  foreign = sorted(path for path, kind in found.items() if listed.get(path) != kind and
+                   _outermost(path, found, listed))
+  if foreign:
+    raise ExportError('--export_dir %s holds %s, which export_model.py did not write; '
+                      'nothing was written. --overwrite replaces only what this program '
+                      'wrote: move them out of %s, or name another --export_dir.' % (
+                          export_dir, _shown(foreign, found), export_dir))
   if not overwrite:
     raise ExportError('--export_dir %s holds a SavedModel already; nothing was written. '
                       'Pass --overwrite to replace it, or name another --export_dir.'
                       % export_dir)
-  return True
+  return found
+
+
+def _entries(root):
+  """{path relative to root: 'dir', 'file' or 'other' (a link, a FIFO...)} of everything
+  under root; links are not followed."""
+  found = {}
+
+  def visit(directory, prefix):
+    with os.scandir(directory) as listing:
+      for entry in listing:
+        path = prefix + entry.name
+        if entry.is_dir(follow_symlinks=False):
+          found[path] = 'dir'
+          visit(entry.path, path + '/')
+        else:
+          found[path] = 'file' if entry.is_file(follow_symlinks=False) else 'other'
+  try:
+    visit(root, '')
+  except OSError as e:
+    raise ExportError('cannot read --export_dir %s: %s; nothing was written. Name another '
+                      '--export_dir.' % (root, e.strerror or e)) from None
+  return found
+
+
+def _read_record(export_dir, found):
+  """{path: 'file' or 'dir'} that RECORD_FILE lists: what this program wrote there.
+
+  Read only if it is a regular file of at most RECORD_MAX_BYTES (not a FIFO, which a
+  read would wait on forever, nor a link).
+
+  Raises:
+    ExportError: no record, or not one this program wrote; naming what export_dir holds.
+  """
+  path = os.path.join(export_dir, RECORD_FILE)
+  why_not = None
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+  except FileNotFoundError:
+    why_not = 'it has no %s' % RECORD_FILE
+  except OSError as e:
+    why_not = 'its %s cannot be read: %s' % (RECORD_FILE, e.strerror)
+  if why_not is None:
+    with os.fdopen(fd, 'rb') as f:
+      info = os.fstat(f.fileno())
+      if not stat.S_ISREG(info.st_mode):
+        why_not = 'its %s is not a regular file' % RECORD_FILE
+      elif info.st_size > RECORD_MAX_BYTES:
+        why_not = 'its %s has %d bytes, more than a record\'s %d' % (
+            RECORD_FILE, info.st_size, RECORD_MAX_BYTES)
+      else:
+        why_not, listed = _parse_record(f.read(RECORD_MAX_BYTES + 1))
+        if why_not is None:
+          return listed
+  top = [path for path in found if '/' not in path]
+  raise ExportError(
+      '--export_dir %s is not an export of export_model.py (%s; it holds %s); nothing was '
+      'written. --overwrite replaces only what this program wrote: delete %s yourself if '
+      'it is an older export you no longer need, or name another --export_dir.'
+      % (export_dir, why_not, _shown(sorted(top), found), export_dir))
+
+
+def _parse_record(data):
+  """(None, {path: 'file' or 'dir'}) of a record's bytes, or (why not, None)."""
+  try:
+    record = json.loads(data.decode('utf-8'))
+    files, directories = record['files'], record['directories']
+    if record['written_by'] != 'export_model.py':
+      raise ValueError
+    if not all(isinstance(p, str) for p in files + directories):
+      raise ValueError
+  except (ValueError, KeyError, TypeError):  # UnicodeDecodeError, JSONDecodeError too
+    return 'its %s is not a record of export_model.py' % RECORD_FILE, None
+  listed = dict.fromkeys(directories, 'dir')
+  listed.update(dict.fromkeys(files, 'file'))
+  return None, listed
+
+
+def _outermost(path, found, listed):
+  """False when a directory above path is itself foreign: the refusal names that one."""
+  parts = path.split('/')
+  return not any(listed.get('/'.join(parts[:i])) != found['/'.join(parts[:i])]
+                 for i in range(1, len(parts)))
+
+
+def _shown(paths, found):
+  """The first SHOWN_ENTRIES of paths, a directory with a slash, for a one-line message."""
+  names = [p + '/' if found[p] == 'dir' else p for p in paths]
+  more = ' and %d more' % (len(names) - SHOWN_ENTRIES) if len(names) > SHOWN_ENTRIES else ''
+  return ', '.join(names[:SHOWN_ENTRIES]) + more
 
 
 def newest_checkpoint(train_dir, data):
@@ -196,54 +315,120 @@ def _mismatch(to_restore, found):
   return None
 
 
-def write(sess, signature, export_dir, replacing, class_names):
+def write(sess, signature, export_dir, replaced, class_names, checkpoint, record):
   """Writes the session's graph and variables as a SavedModel at export_dir.
 
   Written into a temporary directory beside export_dir, then renamed into place: a
-  failure, or Ctrl-C, leaves export_dir as it was and removes what was written.
+  failure, Ctrl-C or SIGTERM leaves export_dir as it was and removes what was written.
+
+  Args:
+    replaced: check_export_dir's entries of the export to replace, or None.
+    checkpoint: the path it is written from, as the user gave it (printed).
+    record: {name: value} for RECORD_FILE; the listing of what is written is added.
   """
+  print('Writing %s from %s.' % (export_dir, checkpoint), flush=True)
   parent = os.path.dirname(os.path.abspath(export_dir))
   created = _first_missing(parent)
+  staging, done = None, False
   try:
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix='.%s.export-' % os.path.basename(export_dir), dir=parent)
-  except OSError as e:
-    raise ExportError('cannot write into %s: %s. Name an --export_dir you can write to.'
-                      % (parent, e.strerror)) from None
-  done = False
-  try:
+    with signals.held():  # a signal waits until staging is named, for finally to remove
+      staging = _make_staging(parent, os.path.basename(export_dir))
     staged = os.path.join(staging, 'model')
-    builder = tf.compat.v1.saved_model.Builder(staged)
-    builder.add_meta_graph_and_variables(
-        sess, [tf.saved_model.SERVING], strip_default_attrs=True,
-        signature_def_map={SIGNATURE_KEY: tf.compat.v1.saved_model.predict_signature_def(
-            inputs={INPUT_KEY: signature.images},
-            outputs={'classes': signature.classes,
-                     'probabilities': signature.probabilities})})
-    builder.save()
-    os.makedirs(os.path.dirname(os.path.join(staged, CLASS_NAMES_FILE)))
-    with open(os.path.join(staged, CLASS_NAMES_FILE), 'w') as f:
-      f.write(''.join(name + '\n' for name in class_names))
-    if replacing:
-      print('--overwrite: replacing the SavedModel in %s.' % export_dir)
-      replaced = os.path.join(staging, 'replaced')
-      os.rename(export_dir, replaced)
-      try:
-        os.rename(staged, export_dir)
-      except BaseException:
-        os.rename(replaced, export_dir)  # the old export back in its place
-        raise
-    else:
-      os.rename(staged, export_dir)
-    done = True
+    _write_staged(sess, signature, staged, class_names, record)
+    with signals.held():  # the swap and the removal of the old export, never cut in two
+      _put_in_place(staged, export_dir, replaced, staging)
+      done = True
+      _remove_staging(staging, replaced)
+  except signals.Interrupted as e:
+    e.finished = done  # it came while the export was moved into place: that came first
+    raise
   except (OSError, tf.errors.OpError) as e:
     raise ExportError('cannot write the SavedModel %s: %s. Free some space, or name an '
                       '--export_dir you can write to.' % (export_dir, errors.os_error(
                           e, staged))) from None
   finally:
-    shutil.rmtree(staging, ignore_errors=True)
-    if created and not done:
-      shutil.rmtree(created, ignore_errors=True)
+    if not done:
+      with signals.held(reraise=False):  # the program is stopping already
+        if staging:
+          _remove_staging(staging, None)
+        _remove_created(parent, created)
+
+
+def _make_staging(parent, name):
+  """A new directory beside the export, hidden: .NAME.export-XXXXXXXX."""
+  try:
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix='.%s.export-' % name, dir=parent)
+  except OSError as e:
+    raise ExportError('cannot write into %s: %s. Name an --export_dir you can write to.'
+                      % (parent, e.strerror)) from None
+
+
+def _write_staged(sess, signature, staged, class_names, record):
+  """The SavedModel, its class names, and last its RECORD_FILE listing all of it."""
+  builder = tf.compat.v1.saved_model.Builder(staged)
+  builder.add_meta_graph_and_variables(
+      sess, [tf.saved_model.SERVING], strip_default_attrs=True,
+      signature_def_map={SIGNATURE_KEY: tf.compat.v1.saved_model.predict_signature_def(
+          inputs={INPUT_KEY: signature.images},
+          outputs={'classes': signature.classes,
+                   'probabilities': signature.probabilities})})
+  builder.save()
+  os.makedirs(os.path.dirname(os.path.join(staged, CLASS_NAMES_FILE)), exist_ok=True)
+  with open(os.path.join(staged, CLASS_NAMES_FILE), 'w') as f:
+    f.write(''.join(name + '\n' for name in class_names))
+  written = _entries(staged)
+  written[RECORD_FILE.replace(os.sep, '/')] = 'file'
+  with open(os.path.join(staged, RECORD_FILE), 'w') as f:
+    json.dump(dict(record, files=sorted(p for p, kind in written.items() if kind == 'file'),
+                   directories=sorted(p for p, kind in written.items() if kind == 'dir')),
+              f, indent=1)
+    f.write('\n')
+
+
+def _put_in_place(staged, export_dir, replaced, staging):
+  """Renames staged to export_dir; an export there is first renamed into staging."""
+  if replaced is None:
+    os.rename(staged, export_dir)  # fails if export_dir appeared meanwhile: never merged
+    return
+  print('--overwrite: replacing the export in %s.' % export_dir, flush=True)
+  old = os.path.join(staging, 'replaced')
+  os.rename(export_dir, old)
+  try:
+    os.rename(staged, export_dir)
+  except BaseException:
+    os.rename(old, export_dir)  # the old export back in its place
+    raise
+
+
+def _remove_staging(staging, replaced):
+  """Removes the staging directory: the model written there (this run's), and of the
+  export replaced only the entries check_export_dir found listed in its record.
+
+  Whatever else is there (put into the old export after it was checked) is kept, and a
+  line on stderr names where.
+  """
+  shutil.rmtree(os.path.join(staging, 'model'), ignore_errors=True)  # this run wrote it all
+  old = os.path.join(staging, 'replaced')
+  for path in sorted(replaced or {}, reverse=True):  # a directory after what it holds
+    full = os.path.join(old, path)
+    try:
+      if replaced[path] == 'dir':
+        os.rmdir(full)
+      elif stat.S_ISREG(os.lstat(full).st_mode):
+        os.remove(full)
+    except OSError:  # gone, or a directory that holds more than was written: kept
+      pass
+  for directory in (old, staging):
+    try:
+      os.rmdir(directory)
+    except FileNotFoundError:
+      pass
+    except OSError as e:
+      print('Kept %s: %s. It holds what export_model.py did not write or could not remove; '
+            'look through it, then delete it.' % (directory, e.strerror),
+            file=sys.stderr, flush=True)
+      return
 
 
 def _first_missing(path):
@@ -254,12 +439,28 @@ def _first_missing(path):
   return missing
 
 
+def _remove_created(parent, created):
+  """Removes the directories this run created above the export (created down to parent),
+  each only if empty: one that holds anything is someone's."""
+  if created is None:
+    return
+  path = parent
+  while True:
+    try:
+      os.rmdir(path)
+    except OSError:
+      return
+    if path == created:
+      return
+    path = os.path.dirname(path)
+
+
 def export(train_dir, export_dir, dataset, overwrite=False):
   """Writes train_dir's newest checkpoint, with its moving averages, as a SavedModel.
 
   Args:
     dataset: a key of DATASETS.
-    overwrite: replace an export already at export_dir (never another directory).
+    overwrite: replace an export this program wrote at export_dir (check_export_dir).
 
   Returns:
     (the checkpoint's path, its global step).
@@ -268,7 +469,7 @@ def export(train_dir, export_dir, dataset, overwrite=False):
     ExportError: nothing was written; the message says why and what to do.
   """
   data = DATASETS[dataset]
-  replacing = check_export_dir(export_dir, overwrite)
+  replaced = check_export_dir(export_dir, overwrite)
   path, step, found = newest_checkpoint(train_dir, data)
   with tf.Graph().as_default():
     signature = build(data)
@@ -280,13 +481,22 @@ def export(train_dir, export_dir, dataset, overwrite=False):
         saver.restore(sess, path)
       except (tf.errors.OpError, ValueError) as e:
         raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
-      write(sess, signature, export_dir, replacing, data.model.CLASS_NAMES)
+      write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
+            {'written_by': 'export_model.py', 'dataset': dataset,
+             'checkpoint': os.path.abspath(path),
+             'global_step': step})
   return path, step
 
 
 def main(argv):
   errors.refuse_arguments(argv)  # absl has already refused unknown flags
+  signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
   data = DATASETS[FLAGS.dataset]
+  for name in ('train_dir', 'export_dir'):
+    if FLAGS[name].value == '':  # not the default: the user meant a directory
+      sys.exit('error: --%s is empty; name the directory to %s, or leave the flag out for '
+               'the default %s.' % (name, 'read the checkpoint from' if name == 'train_dir'
+                                    else 'write the SavedModel as', getattr(data, name)))
   train_dir = FLAGS.train_dir or data.train_dir
   export_dir = FLAGS.export_dir or data.export_dir
   tf.compat.v1.disable_eager_execution()
@@ -296,9 +506,14 @@ def main(argv):
     path, step = export(train_dir, export_dir, FLAGS.dataset, FLAGS.overwrite)
   except ExportError as e:
     sys.exit('error: %s' % e)
-  except KeyboardInterrupt:  # write() has removed what it wrote
-    print('Stopped by Ctrl-C; %s is as it was.' % export_dir, file=sys.stderr, flush=True)
-    sys.exit(130)
+  except signals.Interrupted as e:  # write() has removed what it wrote
+    if e.finished:
+      print('Stopped by %s once %s was written whole.' % (e.name, export_dir),
+            file=sys.stderr, flush=True)
+    else:
+      print('Stopped by %s; the partial export is removed: %s is as it was.'
+            % (e.name, export_dir), file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
   shape = ', '.join(['N'] + [str(size) for size in data.image_shape])
   print('Wrote %s: a SavedModel of %s, moving averages (global step %d).'
         % (export_dir, path, step))

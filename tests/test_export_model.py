@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import types
 
@@ -111,6 +112,7 @@ def _tree_with_times(root):
 def test_export_writes_saved_model_and_says_what_step_and_how_to_use_it(exported):
   out, export_dir = exported.run.out.splitlines(), exported.export_dir
   assert out == [
+      'Writing %s from %s.' % (export_dir, exported.checkpoint),
       'Wrote %s: a SavedModel of %s, moving averages (global step 20).'
       % (export_dir, exported.checkpoint),
       'Signature serving_default: images uint8 [N, 32, 32, 3] -> classes int64 [N], '
@@ -119,7 +121,8 @@ def test_export_writes_saved_model_and_says_what_step_and_how_to_use_it(exported
       'Classify image files with it: python classify.py --model_dir=%s cat.png' % export_dir,
   ], exported.run.log()
   assert not exported.run.errors and 'Traceback' not in exported.run.err
-  assert helpers.tree(export_dir) == ['assets.extra/class_names.txt', 'saved_model.pb',
+  assert helpers.tree(export_dir) == ['assets.extra/class_names.txt',
+                                      'assets.extra/export_model.json', 'saved_model.pb',
                                       'variables/variables.data-00000-of-00001',
                                       'variables/variables.index']
   with open(os.path.join(export_dir, 'assets.extra', 'class_names.txt')) as f:
@@ -158,8 +161,8 @@ def test_saved_model_in_plain_tensorflow_scores_the_evaluations_precision(export
 
 
 @pytest.mark.xdist_group('export')
-def test_export_existing_dir_refused_unless_overwrite_replaces_a_saved_model(exported,
-                                                                            tmp_path, capsys):
+def test_export_existing_dir_refused_unless_overwrite_replaces_its_own_export(exported,
+                                                                             tmp_path, capsys):
   before = _tree_with_times(exported.export_dir)
   with pytest.raises(export_model.ExportError) as e:
     export_model.export(exported.train_dir, exported.export_dir, 'cifar10')
@@ -168,21 +171,154 @@ def test_export_existing_dir_refused_unless_overwrite_replaces_a_saved_model(exp
       'replace it, or name another --export_dir.' % exported.export_dir)
   assert _tree_with_times(exported.export_dir) == before
 
-  mine = tmp_path / 'mine'  # a user's directory is never replaced, --overwrite or not
-  mine.mkdir()
-  (mine / 'notes.txt').write_text('keep me')
-  with pytest.raises(export_model.ExportError, match='exists and is not a SavedModel'):
-    export_model.export(exported.train_dir, str(mine), 'cifar10', overwrite=True)
-  assert helpers.tree(mine) == ['notes.txt']
-
   copy = tmp_path / 'copy'
   shutil.copytree(exported.export_dir, copy)
-  (copy / 'old.txt').write_text('from the export replaced')
+  with open(copy / export_model.RECORD_FILE) as f:
+    record = json.load(f)
   capsys.readouterr()
   export_model.export(exported.train_dir, str(copy), 'cifar10', overwrite=True)
-  assert capsys.readouterr().out == '--overwrite: replacing the SavedModel in %s.\n' % copy
+  assert capsys.readouterr().out == (
+      'Writing %s from %s.\n--overwrite: replacing the export in %s.\n'
+      % (copy, exported.checkpoint, copy))
   assert helpers.tree(copy) == helpers.tree(exported.export_dir)
-  assert sorted(os.listdir(tmp_path)) == ['copy', 'mine']  # nothing else left behind
+  with open(copy / export_model.RECORD_FILE) as f:
+    assert json.load(f) == record
+  assert sorted(os.listdir(tmp_path)) == ['copy']  # nothing else left behind
+
+
+def _files_and_bytes(root):
+  """{path relative to root: its bytes} of every file, and the sorted directories."""
+  found = {}
+  for path in helpers.tree(root):
+    with open(os.path.join(root, path), 'rb') as f:
+      found[path] = f.read()
+  dirs = sorted(os.path.relpath(d, root) for d, _, _ in os.walk(str(root)))
+  return found, dirs
+
+
+@pytest.mark.xdist_group('export')
+def test_overwrite_user_dir_holding_saved_model_pb_refused_in_one_line_and_kept(exported,
+                                                                               tmp_path):
+  proj = tmp_path / 'proj'  # the issue's: a project with a stray saved_model.pb in it
+  (proj / 'src').mkdir(parents=True)
+  (proj / 'src' / 'main.py').write_text('print(1)\n')
+  (proj / 'results.csv').write_text('data\n')
+  (proj / 'saved_model.pb').write_text('x\n')
+  before = _files_and_bytes(proj)
+  done = helpers.run(['export_model.py', '--train_dir=' + exported.train_dir,
+                      '--export_dir=%s' % proj, '--overwrite'])
+  assert done.code == 1 and done.errors == [
+      'error: --export_dir %s is not an export of export_model.py (it has no '
+      'assets.extra/export_model.json; it holds results.csv, saved_model.pb, src/); nothing '
+      'was written. --overwrite replaces only what this program wrote: delete %s yourself '
+      'if it is an older export you no longer need, or name another --export_dir.'
+      % (proj, proj)], done.log()
+  assert 'Traceback' not in done.err and done.out == '', done.log()
+  assert _files_and_bytes(proj) == before
+  assert os.listdir(tmp_path) == ['proj']  # no staging left beside it
+
+
+@pytest.mark.xdist_group('export')
+def test_overwrite_export_with_notes_and_version_dir_refused_naming_them_and_kept(exported,
+                                                                                 tmp_path):
+  model = tmp_path / 'model'  # a real export, and what a user put in it since
+  shutil.copytree(exported.export_dir, model)
+  (model / 'NOTES.txt').write_text('trained on the sample, 20 steps\n')
+  shutil.copytree(exported.export_dir, model / '2')
+  before = _files_and_bytes(model)
+  done = helpers.run(['export_model.py', '--train_dir=' + exported.train_dir,
+                      '--export_dir=%s' % model, '--overwrite'])
+  assert done.code == 1 and done.errors == [
+      'error: --export_dir %s holds 2/, NOTES.txt, which export_model.py did not write; '
+      'nothing was written. --overwrite replaces only what this program wrote: move them out '
+      'of %s, or name another --export_dir.' % (model, model)], done.log()
+  assert 'Traceback' not in done.err and done.out == '', done.log()
+  assert _files_and_bytes(model) == before
+  assert os.listdir(tmp_path) == ['model']
+
+
+@pytest.mark.xdist_group('export')
+def test_export_record_lists_every_file_and_directory_written(exported):
+  with open(os.path.join(exported.export_dir, export_model.RECORD_FILE)) as f:
+    record = json.load(f)
+  files, dirs = _files_and_bytes(exported.export_dir)
+  assert record['written_by'] == 'export_model.py'
+  assert record['files'] == sorted(files) and record['directories'] == dirs[1:]  # not '.'
+  assert (record['checkpoint'], record['global_step']) == (exported.checkpoint, 20)
+
+
+@pytest.mark.parametrize('record, why', [
+    (None, 'it has no assets.extra/export_model.json;'),
+    (b'{"written_by": "export_model.py"}', 'is not a record of export_model.py;'),
+    (b'not json', 'is not a record of export_model.py;'),
+    (b'{' + b' ' * 70000 + b'}', 'has 70002 bytes, more than a record\'s 65536;'),
+    ('fifo', 'is not a regular file;')],
+    ids=['missing', 'no_listing', 'not_json', 'too_big', 'fifo'])
+def test_check_export_dir_without_valid_record_refuses_overwrite(tmp_path, record, why):
+  model = tmp_path / 'model'
+  (model / 'assets.extra').mkdir(parents=True)
+  (model / 'saved_model.pb').write_bytes(b'x')
+  path = model / export_model.RECORD_FILE
+  if record == 'fifo':  # a read would wait for a writer forever
+    os.mkfifo(path)
+  elif record is not None:
+    path.write_bytes(record)
+  with pytest.raises(export_model.ExportError) as e:
+    export_model.check_export_dir(str(model), overwrite=True)
+  assert str(e.value).startswith('--export_dir %s is not an export of export_model.py ('
+                                 % model), str(e.value)
+  assert why in str(e.value) and 'it holds assets.extra/, saved_model.pb); nothing was ' \
+      'written.' in str(e.value) and '\n' not in str(e.value), str(e.value)
+  assert os.path.exists(model / 'saved_model.pb')
+
+
+def _stagings(parent):
+  """The export's staging directories beside its --export_dir, with a model being written."""
+  return [name for name in os.listdir(parent) if name.startswith('.')
+          and os.path.isdir(os.path.join(parent, name, 'model'))]
+
+
+@pytest.mark.xdist_group('export')
+def test_export_sigterm_mid_write_removes_staging_and_says_so_exit_143(exported, tmp_path,
+                                                                      tasks):
+  """SIGTERM while the SavedModel is being written: the staging directory goes.
+
+  The write lasts well under a second: the exporter is paused (SIGSTOP) once its staging
+  directory holds a model, and signalled only if that is still there while it stands.
+  """
+  for attempt in range(5):
+    export_dir = tmp_path / str(attempt) / 'model'
+    export_dir.parent.mkdir()  # the user's: it stays, empty
+    task = tasks(['export_model.py', '--train_dir=' + exported.train_dir,
+                  '--export_dir=%s' % export_dir])
+    helpers.wait_until(lambda: _stagings(export_dir.parent), 'staging directory', task)
+    task.send(signal.SIGSTOP)
+    helpers.wait_until(lambda: helpers.process_state(task.pid) == 'T', 'paused exporter', task)
+    if _stagings(export_dir.parent) and not os.path.exists(export_dir):
+      break
+    task.send(signal.SIGCONT)
+    assert task.finish() == 0, task.log()
+  else:
+    pytest.fail('the export ended before it could be paused, 5 times')
+  task.send(signal.SIGTERM)
+  task.send(signal.SIGCONT)
+  assert task.finish() == 143, task.log()
+  assert [l for l in task.err_lines if l.startswith('Stopped')] == [
+      'Stopped by SIGTERM; the partial export is removed: %s is as it was.' % export_dir
+  ], task.log()
+  assert 'Traceback' not in task.err, task.log()
+  assert os.listdir(export_dir.parent) == [], task.log()  # no hidden .model.export-*
+
+
+def test_export_empty_export_dir_refused_in_one_line(tmp_path):
+  # Not taken as the default: the user named a directory and got /tmp/cifar10_model.
+  (tmp_path / 'train').mkdir()
+  done = helpers.run(['export_model.py', '--train_dir=%s' % (tmp_path / 'train'),
+                      '--export_dir='])
+  assert done.code == 1 and done.errors == [
+      'error: --export_dir is empty; name the directory to write the SavedModel as, or leave '
+      'the flag out for the default %s.' % export_model.EXPORT_DIR], done.log()
+  assert 'Traceback' not in done.err and done.out == '', done.log()
 
 
 def test_export_without_checkpoint_exits_1_with_one_line_and_writes_nothing(tmp_path):

@@ -1,7 +1,9 @@
-"""Ctrl-C and SIGTERM: the trainer finishes its step, saves, and exits 130 or 143.
+"""Ctrl-C and SIGTERM: the trainer finishes its step, saves, and exits 130 or 143; a
+program with no step loop (the exporter) stops where it is and removes what it was writing.
 
 A second Ctrl-C exits at once; a second SIGTERM changes nothing (StopSignals).
 """
+import contextlib
 import os
 import signal
 import sys
@@ -102,3 +104,72 @@ class StopSignals:
   @property
   def exit_code(self):
     return SIGNAL_EXIT_CODES.get(self.signum, 1)
+
+
+class Interrupted(KeyboardInterrupt):
+  """Ctrl-C or SIGTERM, raised in the main thread by raise_on_signals' handler.
+
+  A KeyboardInterrupt, so that the finally blocks and `except KeyboardInterrupt` of
+  the code it interrupts treat SIGTERM as they treat Ctrl-C.
+  """
+
+  def __init__(self, signum):
+    super().__init__(signum)
+    self.signum = signum
+    self.name = SIGNAL_NAMES[signum]
+    self.exit_code = SIGNAL_EXIT_CODES[signum]
+    self.finished = False  # set by the code it stopped when its work was whole by then
+
+
+class _Raising:
+  """The state raise_on_signals' handler shares with held()."""
+  raised = False   # one Interrupted per run: a later signal would cut the cleanup short
+  holding = 0      # > 0 inside held()
+  pending = None   # the signal that came while held
+
+
+def raise_on_signals():
+  """Ctrl-C and SIGTERM raise Interrupted where the main thread is, once.
+
+  For a program that has no step loop to finish: its finally blocks remove what it was
+  writing. Without this, SIGTERM kills it where it stands and nothing is removed.
+  """
+  def handle(signum, frame):
+    del frame
+    if _Raising.raised:
+      return
+    if _Raising.holding:
+      _Raising.pending = _Raising.pending or signum
+      return
+    _Raising.raised = True
+    raise Interrupted(signum)
+  for signum in SIGNAL_EXIT_CODES:
+    signal.signal(signum, handle)
+
+
+@contextlib.contextmanager
+def held(reraise=True):
+  """A signal inside the block waits for its end: steps that must not be cut in two
+  (renames that swap directories, the removal of what was written).
+
+  reraise: raise the waiting Interrupted at the end of the block; False drops it, for a
+  block that runs while the program is stopping anyway (an error on its way out). A
+  block that raises drops it too: its own exception is already stopping the program.
+  """
+  _Raising.holding += 1
+  try:
+    yield
+  except BaseException:
+    _release(reraise=False)
+    raise
+  _release(reraise)
+
+
+def _release(reraise):
+  _Raising.holding -= 1
+  if _Raising.holding or _Raising.pending is None:
+    return  # an outer block still holds it, or none came
+  signum, _Raising.pending = _Raising.pending, None
+  _Raising.raised = True
+  if reraise:
+    raise Interrupted(signum)
