@@ -13,6 +13,7 @@ r"""Trains the CIFAR-10 model on several machines with TensorFlow's parameter se
     # Kubernetes (Kubeflow TFJob) and Slurm: the cluster from the environment.
     python dist_train.py ...                                  # TF_CONFIG set by TFJob
     srun python dist_train.py --cluster=slurm --num_ps=1 ...  # see deploy/
+    python dist_train.py --cluster=jobset ...                 # JobSet: see deploy/
 
 ps tasks hold the variables; each worker builds multi_gpu_train.py's towers
 (build_towers) and averages their gradients, so one gradient per worker step
@@ -131,9 +132,10 @@ def define_flags():
                        'on a network where everyone who can reach the ports is trusted.')
   flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
                       'with free ports, print their logs, and stop them all at the end.')
-  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm'], 'Where the cluster and this '
-                    'task come from: tf_config (Kubernetes), slurm (srun), or \'\': the flags '
-                    'above when --job_name is given, else TF_CONFIG when set.')
+  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm', 'jobset'], 'Where the cluster '
+                    'and this task come from: tf_config (Kubeflow TFJob), slurm (srun), jobset '
+                    '(Kubernetes JobSet), or \'\': the flags above when --job_name is given, '
+                    'else TF_CONFIG when set.')
   flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
                        'step are ps tasks, the rest workers.')
   flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '

@@ -8,6 +8,7 @@ in dist_train.py's:
     cluster = cluster_env.from_flags('worker', 0, '127.0.0.1:2222', '127.0.0.1:2223')
     cluster = cluster_env.from_tf_config()       # Kubernetes (Kubeflow TFJob): TF_CONFIG
     cluster = cluster_env.from_slurm(num_ps=1)   # Slurm: SLURM_PROCID, SLURM_STEP_*
+    cluster = cluster_env.from_jobset()          # Kubernetes (JobSet): JOB_COMPLETION_INDEX...
     print(cluster.description)
     # cluster from TF_CONFIG: 1 ps, 1 chief, 2 workers, 1 evaluator; this task: worker 0
     #   (dist_train.py's worker 1)
@@ -22,6 +23,13 @@ reads checkpoints: it is in no job of the training cluster.
 Slurm: one srun step starts every task; the first num_ps ranks (SLURM_PROCID) are
 the ps tasks, the rest the workers, the first of them the chief. Each task
 listens on port_base + its index among the tasks of its node.
+
+JobSet: one replicatedJob per role, 'ps' and 'worker', each 1 Indexed Job whose
+completion index is the task's index; the pods' stable DNS names (the JobSet's
+network.enableDNSHostnames) are the hosts. The labels JobSet puts on each pod
+reach the task as variables through the downward API, as
+deploy/kubernetes/jobset.yaml sets them; the sizes of both roles, which a pod
+cannot see, are given there too (JOBSET_VARIABLES says where each comes from).
 
 Every Cluster made here passes check() before it is returned: every job has a
 task, every task its own host:port with a port 1..65535. Errors are ClusterError,
@@ -44,6 +52,19 @@ SLURM_PORT_BASE = 8888   # a Slurm task listens on this + its index among its no
 TASK_TYPES = ('chief', 'master', 'worker', 'ps', 'evaluator')  # what TF_CONFIG may name
 SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS', 'SLURM_STEP_NODELIST',
                    'SLURM_STEP_TASKS_PER_NODE')
+# What from_jobset reads, and where from; deploy/kubernetes/jobset.yaml sets each.
+JOBSET_VARIABLES = {
+    'JOBSET_NAME': 'the downward API, metadata.labels[\'jobset.sigs.k8s.io/jobset-name\']',
+    'REPLICATED_JOB_NAME': ('the downward API, '
+                            'metadata.labels[\'jobset.sigs.k8s.io/replicatedjob-name\']'),
+    'REPLICATED_JOB_REPLICAS': (
+        'the downward API, metadata.labels[\'jobset.sigs.k8s.io/replicatedjob-replicas\']'),
+    'JOB_COMPLETION_INDEX': 'Kubernetes, in every pod of a Job with completionMode: Indexed',
+    'NUM_PS': 'the manifest: the ps replicatedJob\'s completions',
+    'NUM_WORKERS': 'the manifest: the worker replicatedJob\'s completions',
+    'TASK_PORT': 'the manifest: the containerPort every task listens on',
+}
+JOBSET_ROLES = {'ps': 'NUM_PS', 'worker': 'NUM_WORKERS'}  # replicatedJob -> its size
 TF_CONFIG_EXAMPLE = ('{"cluster": {"ps": ["ps-0:2222"], "chief": ["chief-0:2222"], '
                      '"worker": ["worker-0:2222"]}, "task": {"type": "worker", "index": 0}}')
 
@@ -52,7 +73,7 @@ Cluster = collections.namedtuple('Cluster', [
     'worker_hosts',  # ['host:port', ...], the chief first: worker 0
     'job_name',      # 'ps', 'worker' or 'evaluator' (no training job: reads checkpoints)
     'task_index',    # int: this task's index in job_name, in the numbering above
-    'source',        # 'TF_CONFIG' or 'Slurm'
+    'source',        # 'flags', 'TF_CONFIG', 'Slurm' or 'JobSet'
     'description',   # one line for start-up: the jobs, their sizes, this task
 ])
 
@@ -75,8 +96,8 @@ class ClusterError(Exception):
 def check(cluster, jobs=None):
   """Raises ClusterError unless the cluster can start: the one check of every source.
 
-  from_flags, from_tf_config and from_slurm all end here, so dist_train.py refuses
-  a cluster before it locks, records, writes or serves anything. Every job has a
+  from_flags, from_tf_config, from_slurm and from_jobset all end here, so dist_train.py
+  refuses a cluster before it locks, records, writes or serves anything. Every job has a
   task; every task a host:port with a port 1..65535 (under Slurm: --slurm_port_base
   + the task's index among its node's tasks); no two tasks one host:port, across
   jobs too (every loopback name is one host: TensorFlow's servers listen on every
@@ -135,6 +156,10 @@ def _job_named(source, job):
     return '--%s_hosts' % job
   if source == 'TF_CONFIG':
     return 'TF_CONFIG\'s "cluster"' + (' job "%s"' % job if job else '')
+  if source == 'JobSet':
+    return 'the JobSet\'s %s (%s, TASK_PORT)' % (
+        '%s tasks' % job if job else 'tasks',
+        JOBSET_ROLES[job] if job else 'NUM_PS, NUM_WORKERS')
   return 'Slurm\'s %s (SLURM_STEP_NODELIST)' % ('%s tasks' % job if job else 'tasks')
 
 
@@ -321,6 +346,90 @@ def _tf_config_cluster(jobs, task_type, task_id):
   return Cluster(jobs['ps'], worker_hosts, job_name, task_index, 'TF_CONFIG', description)
 
 
+# ---- Kubernetes: JobSet ---------------------------------------------------------
+
+def from_jobset(environ=os.environ):
+  """The cluster of this JobSet (sigs.k8s.io/jobset): replicatedJobs 'ps' and 'worker'.
+
+  The layout deploy/kubernetes/jobset.yaml gives: each role is one replicatedJob
+  with replicas: 1, an Indexed Job of NUM_PS (NUM_WORKERS) completions run in
+  parallel, and network.enableDNSHostnames with the default subdomain (the
+  JobSet's name: leave network.subdomain unset). So task i of a role is the pod named
+  <jobset>-<role>-0-<i>.<jobset>, listening on TASK_PORT; worker 0 is the chief.
+  Every task computes the same lists, so every task's cluster spec is the same.
+
+  Reads (JOBSET_VARIABLES says where each comes from):
+    JOBSET_NAME              the JobSet's name; also the pods' DNS subdomain
+    REPLICATED_JOB_NAME      this task's role: 'ps' or 'worker'
+    REPLICATED_JOB_REPLICAS  Jobs of this replicatedJob; must be 1
+    JOB_COMPLETION_INDEX     this task's index in its role, 0..NUM_PS-1 (NUM_WORKERS-1)
+    NUM_PS, NUM_WORKERS      the ps and worker tasks (the replicatedJobs' completions),
+                             at least 1 each
+    TASK_PORT                the port of every task, 1..65535
+
+  Args:
+    environ: the environment to read (a mapping); os.environ by default.
+
+  Returns:
+    A Cluster with source 'JobSet'.
+
+  Raises:
+    ClusterError: one line naming the variable, its value and the fix: a variable
+      unset or empty, a count or index that is not a whole number, a role other
+      than ps and worker, a replicatedJob of more than one Job, no ps or no worker
+      task, a port outside 1..65535, an index past its role's count.
+  """
+  for name, where in JOBSET_VARIABLES.items():
+    if not environ.get(name, '').strip():
+      raise ClusterError('%s is not set: --cluster=jobset reads it from %s, as in '
+                         'deploy/kubernetes/jobset.yaml' % (name, where))
+  jobset = environ['JOBSET_NAME'].strip()
+  role = environ['REPLICATED_JOB_NAME'].strip()
+  if role not in JOBSET_ROLES:
+    raise ClusterError('REPLICATED_JOB_NAME=%r is not a role dist_train.py runs; name the '
+                       'JobSet\'s replicatedJobs ps and worker (worker 0 is the chief)' % role)
+  replicas = _jobset_int(environ, 'REPLICATED_JOB_REPLICAS')
+  if replicas != 1:
+    raise ClusterError('REPLICATED_JOB_REPLICAS=%d: the %s replicatedJob makes %d Jobs; give '
+                       'it replicas: 1 and its tasks as completions and parallelism of one '
+                       'Indexed Job' % (replicas, role, replicas))
+  sizes = {job: _jobset_int(environ, name) for job, name in JOBSET_ROLES.items()}
+  for job, name in JOBSET_ROLES.items():
+    if sizes[job] < 1:
+      raise ClusterError('%s=%d: the cluster needs at least 1 %s task; set it to the %s '
+                         'replicatedJob\'s completions' % (name, sizes[job], job, job))
+  port = _jobset_int(environ, 'TASK_PORT')
+  if not 0 < port < 65536:
+    raise ClusterError('TASK_PORT=%d is not a port 1..65535; set it to the containerPort '
+                       'of the tasks, e.g. 2222' % port)
+  index = _jobset_int(environ, 'JOB_COMPLETION_INDEX')
+  if index >= sizes[role]:
+    raise ClusterError('JOB_COMPLETION_INDEX=%d is past the %s=%d %s tasks (0..%d); set %s '
+                       'to the %s replicatedJob\'s completions' % (
+                           index, JOBSET_ROLES[role], sizes[role], role, sizes[role] - 1,
+                           JOBSET_ROLES[role], role))
+  hosts = {job: ['%s-%s-0-%d.%s:%d' % (jobset, job, i, jobset, port)
+                 for i in range(sizes[job])] for job in JOBSET_ROLES}
+  description = (
+      'cluster from JobSet %s: %d ps, %d worker%s at %s-{ps,worker}-0-<index>.%s:%d; this '
+      'task: %s %d%s (pod %s)' % (
+          jobset, sizes['ps'], sizes['worker'], 's' * (sizes['worker'] != 1), jobset, jobset,
+          port, role, index, ', the chief' * (role == 'worker' and index == 0),
+          hosts[role][index].partition('.')[0]))
+  cluster = Cluster(hosts['ps'], hosts['worker'], role, index, 'JobSet', description)
+  check(cluster)
+  return cluster
+
+
+def _jobset_int(environ, name):
+  """environ[name] as an int >= 0, or a ClusterError naming it."""
+  value = environ[name].strip()
+  if not value.isascii() or not value.isdigit():
+    raise ClusterError('%s=%r is not a whole number; it comes from %s'
+                       % (name, environ[name], JOBSET_VARIABLES[name]))
+  return int(value)
+
+
 # ---- Slurm ----------------------------------------------------------------------
 
 def _slurm_gpu_note(gpus, visible, environ):
@@ -490,14 +599,16 @@ def check_agrees(cluster, job_name=None, task_index=None, ps_hosts=None, worker_
   compared with what the environment says.
 
   Args:
-    cluster: a Cluster from from_tf_config() or from_slurm().
+    cluster: a Cluster from from_tf_config(), from_slurm() or from_jobset().
     job_name: str or None, --job_name.
     task_index: int or None, --task_index.
     ps_hosts, worker_hosts: 'h:p,h:p' or ['h:p', ...], or None.
   """
   said = {'TF_CONFIG': {'task': 'TF_CONFIG', 'hosts': 'TF_CONFIG'},
           'Slurm': {'task': 'Slurm (SLURM_PROCID)',
-                    'hosts': 'Slurm (SLURM_STEP_NODELIST)'}}[cluster.source]
+                    'hosts': 'Slurm (SLURM_STEP_NODELIST)'},
+          'JobSet': {'task': 'the JobSet (REPLICATED_JOB_NAME, JOB_COMPLETION_INDEX)',
+                     'hosts': 'the JobSet (NUM_PS, NUM_WORKERS, TASK_PORT)'}}[cluster.source]
   if job_name and job_name != cluster.job_name:
     raise ClusterError('--job_name=%s disagrees with %s, which makes this task %s %d; drop '
                        '--job_name' % (job_name, said['task'], cluster.job_name,

@@ -1,5 +1,5 @@
-"""Which cluster this task is in, and which task it is: from the flags, TF_CONFIG or
-Slurm (--cluster), checked before anything is served.
+"""Which cluster this task is in, and which task it is: from the flags, TF_CONFIG,
+Slurm or a JobSet (--cluster), checked before anything is served.
 """
 import os
 import sys
@@ -10,7 +10,8 @@ from distributed import cluster_env, local_cluster
 
 
 def cluster_from_flags(flag_values, slurm_cluster=None):
-  """This task's cluster_env.Cluster: from the flags, TF_CONFIG or Slurm (--cluster).
+  """This task's cluster_env.Cluster: from the flags, TF_CONFIG, Slurm or a JobSet
+  (--cluster).
 
   --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
   set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
@@ -29,6 +30,8 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
                                                         flag_values.slurm_port_base)
       if isinstance(cluster, cluster_env.ClusterError):
         raise cluster
+    elif source == 'jobset':
+      cluster = cluster_env.from_jobset()
     else:
       cluster = cluster_env.from_tf_config()
       if cluster is None:
