@@ -2,8 +2,8 @@
 
 dist_train.py's cluster is two jobs, 'ps' and 'worker', where worker 0 is the
 chief. The engines users already run describe their clusters in their own words;
-this module reads them with TensorFlow's own resolvers and says the same thing
-in dist_train.py's:
+this module reads them with TensorFlow's own resolvers (none reads a JobSet) and
+says the same thing in dist_train.py's:
 
     cluster = cluster_env.from_flags('worker', 0, '127.0.0.1:2222', '127.0.0.1:2223')
     cluster = cluster_env.from_tf_config()       # Kubernetes (Kubeflow TFJob): TF_CONFIG
