@@ -40,11 +40,12 @@ END_SECS = 60                # once the workers (or the ps tasks) have ended, th
 LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
                   'cluster', 'num_ps', 'slurm_port_base']
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
-TASK_MEMORY_BYTES = 450e6    # one task's own memory; measured (1 ps, 2 workers, --synthetic,
-                             # TensorFlow 2.21, x86 CPU): a CIFAR-10 worker at --batch_size=128
-                             # 445 MB of RssAnon, a ps task 310 MB; their VmRSS (819, 670 MB)
-                             # also counts 360-375 MB of TensorFlow's library pages, which all
-                             # the tasks share
+TASK_MEMORY_BYTES = 480e6    # one task's own memory (RssAnon), measured (1 ps, 2 workers,
+                             # --synthetic, TensorFlow 2.21, x86): a CIFAR-10 worker at
+                             # --batch_size=128 464 MB, a ps task 314 MB (docs/distributed.md)
+LIBRARY_MEMORY_BYTES = 430e6  # TensorFlow's library pages (RssFile, 412-427 MB a task): one
+                              # copy, shared by every task of the machine; Slurm's MaxRSS
+                              # counts them in each task (about 0.9 GB a worker)
 
 # Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
@@ -341,17 +342,19 @@ def check_memory(num_ps, num_workers, available_bytes):
     available_bytes: int, memory_check.memory_available(); None (not Linux) checks nothing.
   """
   num_tasks = num_ps + num_workers
-  needed = num_tasks * TASK_MEMORY_BYTES
+  needed = num_tasks * TASK_MEMORY_BYTES + LIBRARY_MEMORY_BYTES
   if available_bytes is None or needed <= available_bytes:
     return
-  most = int(available_bytes // TASK_MEMORY_BYTES)
+  most = int((available_bytes - LIBRARY_MEMORY_BYTES) // TASK_MEMORY_BYTES)
   raise ValueError(
-      '--local_cluster=%d,%d starts %d TensorFlow tasks, about %.1f GB of memory (%d x %d MB, '
-      'what one task was measured to use), and this machine has %.1f GB available; %s, or '
-      'run the tasks on several machines with --job_name, --ps_hosts and --worker_hosts'
+      '--local_cluster=%d,%d starts %d TensorFlow tasks, about %.1f GB of memory (%d x %d MB '
+      'of their own, what a CIFAR-10 worker was measured to use, and %d MB of TensorFlow\'s '
+      'library that they share), and this machine has %.1f GB available; %s, or run the '
+      'tasks on several machines with --job_name, --ps_hosts and --worker_hosts'
       % (num_ps, num_workers, num_tasks, needed / 1e9, num_tasks, TASK_MEMORY_BYTES / 1e6,
-         available_bytes / 1e9, 'start at most %d here, e.g. --local_cluster=1,%d'
-         % (most, most - 1) if most >= 2 else 'free some memory'))
+         LIBRARY_MEMORY_BYTES / 1e6, available_bytes / 1e9,
+         'start at most %d here, e.g. --local_cluster=1,%d' % (most, most - 1)
+         if most >= 2 else 'free some memory'))
 
 
 def parse_spec(value):

@@ -82,11 +82,12 @@ def test_check_memory_more_tasks_than_memory_holds_raises_naming_estimate_and_li
   with pytest.raises(ValueError) as raised:
     local_cluster.check_memory(1, 1000, available_bytes=24e9)
   assert str(raised.value) == (
-      '--local_cluster=1,1000 starts 1001 TensorFlow tasks, about 450.4 GB of memory (1001 x '
-      '450 MB, what one task was measured to use), and this machine has 24.0 GB available; '
-      'start at most 53 here, e.g. --local_cluster=1,52, or run the tasks on several machines '
+      '--local_cluster=1,1000 starts 1001 TensorFlow tasks, about 480.9 GB of memory (1001 x '
+      '480 MB of their own, what a CIFAR-10 worker was measured to use, and 430 MB of '
+      'TensorFlow\'s library that they share), and this machine has 24.0 GB available; '
+      'start at most 49 here, e.g. --local_cluster=1,48, or run the tasks on several machines '
       'with --job_name, --ps_hosts and --worker_hosts')
-  local_cluster.check_memory(1, 52, available_bytes=24e9)  # 53 x 450 MB fit
+  local_cluster.check_memory(1, 48, available_bytes=24e9)  # 49 x 480 MB + 430 MB fit
   local_cluster.check_memory(1, 1000, available_bytes=None)  # not Linux: nothing known
 
 
@@ -662,8 +663,8 @@ def test_local_cluster_more_tasks_than_memory_holds_exits_1_starting_none(tasks,
   assert [line for line in launcher.err_lines if line.startswith('error')] == [
       line for line in launcher.err_lines if line.strip()][-1:], launcher.log()
   assert re.match(r'^error: --local_cluster=1,100000 starts 100001 TensorFlow tasks, about '
-                  r'45000\.4 GB of memory \(100001 x 450 MB, what one task was measured to '
-                  r'use\), and this machine has [\d.]+ GB available; start at most \d+ here',
+                  r'48000\.9 GB of memory \(100001 x 480 MB of their own, .*\), and this '
+                  r'machine has [\d.]+ GB available; start at most \d+ here',
                   launcher.err_lines[-1]), launcher.log()
   assert os.listdir(tmp_path) == []
 
