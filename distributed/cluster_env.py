@@ -40,6 +40,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import shutil
 
 import tensorflow as tf
@@ -465,7 +466,9 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   Args:
     num_ps: int >= 1, ps tasks among the step's tasks.
     port_base: int, the first task of each node listens on this port, the next
-      on port_base + 1, ...
+      on port_base + 1, ...; unless srun reserved ports for the step (--resv-ports):
+      then the first of SLURM_STEP_RESV_PORTS, which Slurm reserved on every node
+      of the step, so that two jobs on one node never collide.
     environ: the environment to read (a mapping); os.environ by default. The
       CUDA_VISIBLE_DEVICES the resolver sets is written to it.
 
@@ -477,6 +480,7 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   nodelist = environ['SLURM_STEP_NODELIST']
   per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
   gpus = _slurm_gpus(environ, max(tasks_per_node))
+  port_base, ports_note = _slurm_port_base(environ, port_base, max(tasks_per_node))
   with _environment(environ, SLURM_VARIABLES + ('CUDA_VISIBLE_DEVICES', 'PATH')):
     try:
       resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
@@ -492,15 +496,37 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
     environ['CUDA_VISIBLE_DEVICES'] = visible
   num_workers = num_tasks - num_ps
   description = ('cluster from Slurm (SLURM_*): %d ps, %d worker%s on %d node%s (%s); '
-                 'this task: %s %d%s (SLURM_PROCID=%d); %s' % (
+                 'this task: %s %d%s (SLURM_PROCID=%d); %s; %s' % (
                      num_ps, num_workers, 's' * (num_workers != 1), len(nodes),
                      's' * (len(nodes) != 1), nodelist, job_name, task_index,
                      ', the chief' * (job_name == 'worker' and task_index == 0), rank,
-                     _slurm_gpu_note(gpus, visible, environ)))
+                     ports_note, _slurm_gpu_note(gpus, visible, environ)))
   cluster = Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
                     'Slurm', description)
   check(cluster)
   return cluster
+
+
+def _slurm_port_base(environ, port_base, tasks_on_a_node):
+  """(the port of each node's first task, a note for the description): the first of
+  SLURM_STEP_RESV_PORTS ('12000-12003'; srun --resv-ports), else port_base.
+
+  Raises ClusterError: malformed, or fewer reserved ports than a node's tasks.
+  """
+  text = environ.get('SLURM_STEP_RESV_PORTS', '').strip()
+  if not text:
+    return port_base, 'ports %d + the task\'s index on its node' % port_base
+  found = re.fullmatch(r'(\d{1,5})(?:-(\d{1,5}))?', text.split(',')[0])
+  first, last = (int(found.group(1)), int(found.group(2) or found.group(1))) if found else (0, -1)
+  if not 0 < first <= last < 65536:
+    raise ClusterError('SLURM_STEP_RESV_PORTS=%r is not a range of ports such as 12000-12003 '
+                       '(srun --resv-ports sets it); run srun without --resv-ports to use '
+                       '--slurm_port_base' % text)
+  if last - first + 1 < tasks_on_a_node:
+    raise ClusterError('SLURM_STEP_RESV_PORTS=%s reserves %d port(s), and %d tasks of this '
+                       'step share a node: give srun --resv-ports=%d, or none' % (
+                           text, last - first + 1, tasks_on_a_node, tasks_on_a_node))
+  return first, 'ports %s reserved by srun (SLURM_STEP_RESV_PORTS)' % text
 
 
 def _slurm_step(environ, num_ps):

@@ -185,7 +185,8 @@ def test_from_slurm_one_node_three_tasks_no_gpus_ps_then_chief_then_worker(tmp_p
                                        hosts + ('worker', 1, 'Slurm')]
   assert clusters[1].description == (
       'cluster from Slurm (SLURM_*): 1 ps, 2 workers on 1 node (node7); this task: '
-      'worker 0, the chief (SLURM_PROCID=1); no GPUs (no nvidia-smi)')
+      'worker 0, the chief (SLURM_PROCID=1); ports 8888 + the task\'s index on its node; no '
+      'GPUs (no nvidia-smi)')
   # Without nvidia-smi nothing is set, here or in this process's environment.
   assert all('CUDA_VISIBLE_DEVICES' not in env for env in environs)
   assert os.environ.get('CUDA_VISIBLE_DEVICES') == before
@@ -195,6 +196,35 @@ def test_from_slurm_two_nodes_ports_count_per_node(tmp_path):
   env = slurm(3, tmp_path, num_tasks=4, nodelist='n[1-2]', tasks_per_node='2(x2)')
   cluster = cluster_env.from_slurm(1, port_base=9000, environ=env)
   assert cluster[:4] == (['n1:9000'], ['n1:9001', 'n2:9000', 'n2:9001'], 'worker', 2)
+
+
+def test_from_slurm_reserved_ports_every_node_takes_them_over_the_base(tmp_path):
+  # srun --resv-ports: the same ports on every node of the step, so two jobs sharing
+  # a node never listen on one port.
+  environs = [dict(slurm(rank, tmp_path, num_tasks=4, nodelist='n[1-2]',
+                         tasks_per_node='2(x2)'), SLURM_STEP_RESV_PORTS='12030-12031')
+              for rank in range(4)]
+  clusters = [cluster_env.from_slurm(1, port_base=9000, environ=env) for env in environs]
+  assert {(tuple(c.ps_hosts), tuple(c.worker_hosts)) for c in clusters} == {
+      (('n1:12030',), ('n1:12031', 'n2:12030', 'n2:12031'))}
+  assert ('(SLURM_PROCID=1); ports 12030-12031 reserved by srun (SLURM_STEP_RESV_PORTS); '
+          in clusters[1].description)
+
+
+@pytest.mark.parametrize('value, message', [
+    ('12030', "SLURM_STEP_RESV_PORTS=12030 reserves 1 port(s), and 3 tasks of this step share "
+              "a node: give srun --resv-ports=3, or none"),
+    ('ports', "SLURM_STEP_RESV_PORTS='ports' is not a range of ports such as 12000-12003 (srun "
+              "--resv-ports sets it); run srun without --resv-ports to use --slurm_port_base"),
+    ('70000-70002', "SLURM_STEP_RESV_PORTS='70000-70002' is not a range of ports such as "
+                    "12000-12003 (srun --resv-ports sets it); run srun without --resv-ports "
+                    "to use --slurm_port_base")])
+def test_from_slurm_reserved_ports_too_few_or_malformed_one_line_naming_value(
+    tmp_path, value, message):
+  env = dict(slurm(0, tmp_path), SLURM_STEP_RESV_PORTS=value)
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_slurm(1, environ=env)
+  assert str(raised.value) == message
 
 
 def test_from_slurm_port_base_plus_index_past_65535_raises_naming_the_flag(tmp_path):
