@@ -111,6 +111,9 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/log/jobcomp.txt
 MinJobAge=3600
 SchedulerType=sched/backfill
+# A requeued job becomes eligible again while no event wakes the scheduler: it
+# waited up to a minute (sched_interval=60 by default) for the next pass.
+SchedulerParameters=sched_interval=5,bf_interval=5
 # CPUs, not whole nodes: several tasks and jobs share a node.
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU

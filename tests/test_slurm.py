@@ -1,0 +1,237 @@
+"""deploy/slurm/train.sbatch through a real sbatch, on a Slurm of one host.
+
+deploy/slurm/local_slurm.sh starts the Slurm (munged, slurmctld, two slurmd's) once
+for this module and stops it at the end, unless it was running before. Each test
+submits the shipped script as a user would, from the repository root, with the
+tasks on one node (two nodes of one host would give two tasks the same port) and
+dist_train.py's flags after the script's name. Slurm's own record is read with
+`scontrol show job` (no slurmdbd: no sacct); the tasks' exit codes with srun's
+lines in the job's output. Each job's output, when a check fails, is in the message.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import helpers
+from helpers import DONE_LINE, RESUMING_LINE, SAVED_LINE, STOPPED_LINE
+
+if shutil.which('slurmctld') is None or shutil.which('sbatch') is None:
+  pytest.skip('Slurm is not installed (deploy/slurm/local_slurm.sh start installs it)',
+              allow_module_level=True)
+if os.geteuid() != 0:
+  pytest.skip('local_slurm.sh runs its daemons as root', allow_module_level=True)
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('slurm')]
+
+SCRIPT = os.path.join(helpers.ROOT, 'deploy', 'slurm', 'local_slurm.sh')
+SBATCH = os.path.join(helpers.ROOT, 'deploy', 'slurm', 'train.sbatch')
+STATE_DIR = os.environ.get('LOCAL_SLURM_DIR', '/tmp/local-slurm')
+# One node, 1 ps task and 3 workers, whatever the script's #SBATCH lines ask.
+ONE_NODE = ['--nodes=1', '--ntasks-per-node=4', '--cpus-per-task=1']
+QUICK_FLAGS = ['--batch_size=8', '--save_every_n_steps=20', '--log_frequency=10']
+CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
+JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
+TIME_LIMIT_STEPS = 3000     # more than one run of about a minute trains on 2 busy cores
+ENDED = {'COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY',
+         'BOOT_FAIL', 'DEADLINE', 'PREEMPTED'}
+RANK_LINE = re.compile(r'^(\d+): (.*)$')                            # srun --label
+TASK_EXIT = re.compile(r'^srun: error: \S+: tasks? ([\d,-]+): (.*)$')
+
+
+@pytest.fixture(scope='module')
+def slurm(tmp_path_factory):
+  """The environment that reaches the Slurm: SLURM_CONF, and `python` as this one.
+
+  sbatch hands the job this environment, so the tasks run this Python.
+  """
+  was_running = _running(os.path.join(STATE_DIR, 'slurmctld.pid'))
+  started = helpers.run(['bash', SCRIPT, 'start'], timeout=600)
+  assert started.code == 0, started.log()
+  conf = re.search(r'^export SLURM_CONF=(\S+)$', started.out, re.M).group(1)
+  bin_dir = tmp_path_factory.mktemp('bin')
+  os.symlink(sys.executable, str(bin_dir / 'python'))
+  yield helpers.user_env(SLURM_CONF=conf,
+                         PATH='%s:%s' % (bin_dir, os.environ.get('PATH', '')))
+  if not was_running:
+    stopped = helpers.run(['bash', SCRIPT, 'stop'])
+    assert stopped.code == 0, stopped.log()
+
+
+def _running(pid_file):
+  try:
+    with open(pid_file) as f:
+      os.kill(int(f.read()), 0)
+    return True
+  except (OSError, ValueError):
+    return False
+
+
+@pytest.fixture
+def submit(slurm, tmp_path):
+  """submit(*sbatch_options, flags=[...]) -> Job; its jobs are cancelled at the test's end."""
+  jobs = []
+
+  def start(*options, flags=()):
+    output = str(tmp_path / 'slurm-%j.out')
+    done = helpers.run(['sbatch', '--parsable', '--chdir=' + helpers.ROOT,
+                        '--output=' + output, *ONE_NODE, *options, SBATCH, *flags],
+                       env=slurm)
+    assert done.code == 0, done.log()
+    jobs.append(Job(done.out.strip().split(';')[0], output, slurm))
+    return jobs[-1]
+  yield start
+  for job in jobs:
+    subprocess.run(['scancel', job.id], env=slurm, capture_output=True)
+
+
+class Job:
+  """One batch job: Slurm's record of it, and the lines its tasks wrote."""
+
+  def __init__(self, job_id, output, env):
+    self.id, self.env = job_id, env
+    self.output = output.replace('%j', job_id)
+
+  def info(self):
+    """{field: value} of `scontrol show job`, e.g. JobState, ExitCode, Restarts."""
+    done = helpers.run(['scontrol', 'show', 'job', '--oneliner', self.id], env=self.env)
+    assert done.code == 0, done.log()
+    return dict(word.split('=', 1) for word in done.out.split() if '=' in word)
+
+  @property
+  def text(self):
+    try:
+      with open(self.output) as f:
+        return f.read()
+    except FileNotFoundError:
+      return ''
+
+  def lines(self, rank):
+    """What the task of this SLURM_PROCID printed, its `N: ` label taken off."""
+    return [m.group(2) for m in map(RANK_LINE.match, self.text.splitlines())
+            if m and int(m.group(1)) == rank]
+
+  def task_exits(self):
+    """{rank: how srun says it ended} for the tasks that did not exit 0."""
+    found = {}
+    for m in map(TASK_EXIT.match, self.text.splitlines()):
+      if m:
+        for rank in _ranks(m.group(1)):
+          found[rank] = m.group(2)
+    return found
+
+  def wait_for(self, condition, what, timeout=JOB_SECS):
+    """Polls condition() until it is truthy; returns it. Fails with the job's output."""
+    deadline = time.time() + timeout
+    while True:
+      found = condition()
+      if found:
+        return found
+      if time.time() > deadline:
+        raise AssertionError('no %s within %d s: %s' % (what, timeout, self.log()))
+      time.sleep(0.5)
+
+  def wait_end(self, timeout=JOB_SECS):
+    """Waits until Slurm has finished with the job; returns its last info()."""
+    return self.wait_for(lambda: (lambda i: i['JobState'] in ENDED and i)(self.info()),
+                         'end of job %s' % self.id, timeout)
+
+  def log(self):
+    return helpers.write_log(['sbatch', self.id], self.info().get('JobState'), self.text)
+
+
+def _ranks(text):
+  """[0, 1, 3] from srun's `0-1,3`."""
+  ranks = []
+  for part in text.split(','):
+    first, _, last = part.partition('-')
+    ranks.extend(range(int(first), int(last or first) + 1))
+  return ranks
+
+
+def first_checkpoint_after_zero(job):
+  """The chief's first `Saved checkpoint ...model.ckpt-N` with N > 0: its N."""
+  return next((n for n in helpers.steps(SAVED_LINE, job.lines(CHIEF)) if n > 0), None)
+
+
+def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
+    submit, sample, tmp_path):
+  train_dir = tmp_path / 'train'
+  job = submit(flags=QUICK_FLAGS + sample.flags + ['--max_steps=20',
+                                                   '--train_dir=%s' % train_dir])
+  info = job.wait_end()
+  assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '0'), \
+      job.log()
+  assert job.task_exits() == {}, job.log()  # srun names every task that does not exit 0
+  assert 'Traceback' not in job.text, job.log()
+  done = helpers.matches(DONE_LINE, job.lines(CHIEF))
+  assert [(m.group(1), m.group(3)) for m in done] == [('0', '20')], job.log()
+  assert helpers.global_step(train_dir) == 20
+  assert job.lines(0)[-1] == 'ps task 0 done: training is over', job.log()
+
+
+def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes(
+    submit, slurm, tmp_path):
+  train_dir = tmp_path / 'train'
+  job = submit(flags=QUICK_FLAGS + ['--synthetic', '--max_steps=600',
+                                    '--train_dir=%s' % train_dir])
+  saved = job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
+  requeued = helpers.run(['scontrol', 'requeue', job.id], env=slurm)
+  assert requeued.code == 0, requeued.log()
+  info = job.wait_end(timeout=2 * JOB_SECS)
+  assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '1'), \
+      job.log()
+  resumed = helpers.matches(RESUMING_LINE, job.lines(CHIEF))  # the second run's, appended
+  assert len(resumed) == 1 and int(resumed[0].group(2)) >= saved, job.log()
+  assert helpers.global_step(train_dir) == 600
+
+
+def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resumes(
+    submit, slurm, tmp_path):
+  train_dir = tmp_path / 'train'
+  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % train_dir]
+  job = submit(flags=flags + ['--max_steps=100000'])
+  job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
+  # No --full, no --batch: every task of the step gets SIGTERM, the script does not.
+  cancelled = helpers.run(['scancel', '--signal=TERM', job.id], env=slurm)
+  assert cancelled.code == 0, cancelled.log()
+  job.wait_end()
+  stopped = helpers.matches(STOPPED_LINE, job.lines(CHIEF))
+  assert [m.group(1) for m in stopped] == ['SIGTERM'], job.log()
+  step = int(stopped[0].group(2))
+  assert os.path.exists(str(train_dir / ('model.ckpt-%d.index' % step))), job.log()
+  assert helpers.global_step(train_dir) == step
+  assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(4)}, job.log()
+  assert 'Traceback' not in job.text, job.log()
+
+  again = submit(flags=flags + ['--max_steps=%d' % (step + 20)])
+  info = again.wait_end()
+  assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), again.log()
+  resumed = helpers.matches(RESUMING_LINE, again.lines(CHIEF))
+  assert [int(m.group(2)) for m in resumed] == [step], again.log()
+  assert helpers.global_step(train_dir) == step + 20
+
+
+def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_completes(
+    submit, tmp_path):
+  train_dir = tmp_path / 'train'
+  # The shortest limit is a minute, and slurmctld looks at time limits every 30 s:
+  # the warning, due 45 s after the start, comes 45-75 s after it.
+  job = submit('--time=2', '--signal=B:USR1@75',
+               flags=QUICK_FLAGS + ['--synthetic', '--max_steps=%d' % TIME_LIMIT_STEPS,
+                                    '--train_dir=%s' % train_dir])
+  info = job.wait_end(timeout=480)
+  assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
+  restarts = int(info['Restarts'])
+  assert restarts >= 1, job.log()
+  chief = job.lines(CHIEF)
+  stopped = [int(m.group(2)) for m in helpers.matches(STOPPED_LINE, chief)]
+  resumed = [int(m.group(2)) for m in helpers.matches(RESUMING_LINE, chief)]
+  assert len(stopped) == restarts and resumed == stopped, job.log()
+  assert 'Traceback' not in job.text, job.log()
+  assert helpers.global_step(train_dir) == TIME_LIMIT_STEPS
+
