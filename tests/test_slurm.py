@@ -33,10 +33,14 @@ SBATCH = os.path.join(helpers.ROOT, 'deploy', 'slurm', 'train.sbatch')
 STATE_DIR = os.environ.get('LOCAL_SLURM_DIR', '/tmp/local-slurm')
 # One node, 1 ps task and 3 workers, whatever the script's #SBATCH lines ask.
 ONE_NODE = ['--nodes=1', '--ntasks-per-node=4', '--cpus-per-task=1']
-QUICK_FLAGS = ['--batch_size=8', '--save_every_n_steps=20', '--log_frequency=10']
+# Runs of thousands of async steps: the book's MNIST network settles where CIFAR-10
+# at a learning rate of 0.1 on synthetic batches of 8 diverged by step 124 (3 workers).
+# About 140 steps a second here, every task started 20 s after the job.
+STEADY_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=8',
+                '--save_every_n_steps=200', '--log_frequency=1000']
 CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
 JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
-TIME_LIMIT_STEPS = 2000     # more than a run of 2 minutes trains here (25 steps/s at most)
+TIME_LIMIT_STEPS = 15000    # more than the first run trains before its warning (7700 here)
 ENDED = {'COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY',
          'BOOT_FAIL', 'DEADLINE', 'PREEMPTED'}
 RANK_LINE = re.compile(r'^(\d+): (.*)$')                            # srun --label
@@ -161,7 +165,7 @@ def first_checkpoint_after_zero(job):
 def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
     submit, sample, tmp_path):
   train_dir = tmp_path / 'train'
-  job = submit(flags=QUICK_FLAGS + sample.flags + ['--max_steps=20',
+  job = submit(flags=['--batch_size=8'] + sample.flags + ['--max_steps=20',
                                                    '--train_dir=%s' % train_dir])
   info = job.wait_end()
   assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '0'), \
@@ -177,8 +181,7 @@ def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
 def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
-  job = submit(flags=QUICK_FLAGS + ['--synthetic', '--max_steps=600',
-                                    '--train_dir=%s' % train_dir])
+  job = submit(flags=STEADY_FLAGS + ['--max_steps=2000', '--train_dir=%s' % train_dir])
   saved = job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
   requeued = helpers.run(['scontrol', 'requeue', job.id], env=slurm)
   assert requeued.code == 0, requeued.log()
@@ -187,13 +190,13 @@ def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes
       job.log()
   resumed = helpers.matches(RESUMING_LINE, job.lines(CHIEF))  # the second run's, appended
   assert len(resumed) == 1 and int(resumed[0].group(2)) >= saved, job.log()
-  assert helpers.global_step(train_dir) == 600
+  assert helpers.global_step(train_dir) == 2000
 
 
 def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resumes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
-  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % train_dir]
+  flags = STEADY_FLAGS + ['--train_dir=%s' % train_dir]
   job = submit(flags=flags + ['--max_steps=100000'])
   job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
   # No --full, no --batch: every task of the step gets SIGTERM, the script does not.
@@ -208,23 +211,23 @@ def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resum
   assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(4)}, job.log()
   assert 'Traceback' not in job.text, job.log()
 
-  again = submit(flags=flags + ['--max_steps=%d' % (step + 20)])
+  again = submit(flags=flags + ['--max_steps=%d' % (step + 200)])
   info = again.wait_end()
   assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), again.log()
   resumed = helpers.matches(RESUMING_LINE, again.lines(CHIEF))
   assert [int(m.group(2)) for m in resumed] == [step], again.log()
-  assert helpers.global_step(train_dir) == step + 20
+  assert helpers.global_step(train_dir) == step + 200
 
 
 def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
-  # The shortest limit is a minute, and slurmctld looks at time limits every 30 s
-  # or so: the warning, due 45 s after the start, comes 45-75 s after it, once
-  # every task has started (20-40 s here).
-  job = submit('--time=2', '--signal=B:USR1@75',
-               flags=QUICK_FLAGS + ['--synthetic', '--max_steps=%d' % TIME_LIMIT_STEPS,
-                                    '--train_dir=%s' % train_dir])
+  # The shortest limit is a minute. slurmctld looks at time limits every 30 s and
+  # sends the warning at the first look within 30 s of its time: due 75 s after
+  # the start, it comes 45-75 s after it, once every task trains (20-40 s here).
+  job = submit('--time=2', '--signal=B:USR1@45',
+               flags=STEADY_FLAGS + ['--max_steps=%d' % TIME_LIMIT_STEPS,
+                                     '--train_dir=%s' % train_dir])
   job.wait_for(lambda: job.info()['Restarts'] == '1', 'requeue', timeout=JOB_SECS)
   stopped = helpers.matches(STOPPED_LINE, job.lines(CHIEF))
   assert [m.group(1) for m in stopped] == ['SIGTERM'], job.log()

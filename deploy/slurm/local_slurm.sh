@@ -12,13 +12,18 @@
 # started directly, in the background, and remembered by its pid file in the
 # state directory. `start` twice is harmless: what runs already is kept.
 #
-# What listens where (everything on 127.0.0.1, because
-# CommunicationParameters=NoInAddrAny binds each daemon to its own address):
+# What listens where (CommunicationParameters=NoInAddrAny binds the slurmd's and
+# srun to 127.0.0.1, the address their names have here):
 #   munged     unix socket $STATE/munge/munge.socket (a munged of our own, own key)
-#   slurmctld  127.0.0.1:$CTLD_PORT (6817)
+#   slurmctld  0.0.0.0:$CTLD_PORT (6817): Slurm 22.05's slurmctld binds every
+#              interface whatever NoInAddrAny says; munge still authenticates
+#              every request, and only this host holds the key.
 #   slurmd nI  127.0.0.1:$((CTLD_PORT + I)) (6818, 6819, ...): one per node, `slurmd -N nI`
-#   srun       ephemeral ports for its tasks' I/O, in SrunPortRange (60001-60999)
-#   the tasks  srun --resv-ports hands each step ports from MpiParams=ports (12000-12999)
+#   srun       127.0.0.1, ports for its tasks' I/O from SrunPortRange (60001-60999)
+#   the tasks  dist_train.py: 8888 + index on the node, every interface (TensorFlow's
+#              servers). MpiParams=ports (12000-12999): every step is handed
+#              ports, SLURM_STEP_RESV_PORTS (srun --resv-ports=0: none), which
+#              dist_train.py does not read yet.
 #
 # Environment:
 #   LOCAL_SLURM_DIR    state directory: config, logs, spools, pid files (/tmp/local-slurm)
@@ -41,13 +46,14 @@
 set -euo pipefail
 
 STATE=${LOCAL_SLURM_DIR:-/tmp/local-slurm}
+export SLURM_CONF=$STATE/slurm.conf   # what sinfo, scancel, squeue below read
 NODES=${LOCAL_SLURM_NODES:-2}
 CPUS=${LOCAL_SLURM_CPUS:-16}
 CTLD_PORT=${LOCAL_SLURM_PORT:-6817}
 WAIT_SECS=60          # for the daemons to come up before start gives up
 PACKAGES=(slurmctld slurmd slurm-client munge)
 HOSTS_MARK='# deploy/slurm/local_slurm.sh'
-CONF=$STATE/slurm.conf
+CONF=$SLURM_CONF
 MUNGE_SOCKET=$STATE/munge/munge.socket
 
 node_names() {
@@ -81,8 +87,9 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 CommunicationParameters=NoInAddrAny
 SrunPortRange=60001-60999
-# srun --resv-ports: each step gets one port per task on each node from here
-# (SLURM_STEP_RESV_PORTS).
+# Each step gets (tasks per node + 1) ports from here, the same on every node
+# (SLURM_STEP_RESV_PORTS=12005-12007), unless srun --resv-ports=0. Without
+# MpiParams=ports, srun --resv-ports is refused (ESLURM_PORTS_INVALID).
 MpiDefault=none
 MpiParams=ports=12000-12999
 AuthType=auth/munge
@@ -172,8 +179,7 @@ start_munge() {
   [ -f "$STATE/munge/munge.key" ] || mungekey --create --keyfile="$STATE/munge/munge.key"
   chmod 711 "$STATE/munge"   # others reach the socket, not the key
   chmod 600 "$STATE/munge/munge.key"
-  # --force: munged refuses a socket under /tmp (a world-writable directory) otherwise.
-  munged --force --socket="$MUNGE_SOCKET" --key-file="$STATE/munge/munge.key" \
+  munged --socket="$MUNGE_SOCKET" --key-file="$STATE/munge/munge.key" \
     --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/log/munged.log" \
     --seed-file="$STATE/munge/munged.seed"
 }
@@ -193,11 +199,11 @@ start_slurmd() {
 wait_idle() {
   local deadline=$((SECONDS + WAIT_SECS)) idle
   while :; do
-    idle=$(SLURM_CONF=$CONF sinfo -h -N -t idle,mix,alloc -o '%N' 2>/dev/null | sort -u | wc -l)
+    idle=$(sinfo -h -N -t idle,mix,alloc -o '%N' 2>/dev/null | sort -u | wc -l)
     [ "$idle" -ge "$NODES" ] && return
     if [ $SECONDS -ge $deadline ]; then
       echo "error: $NODES nodes not idle within $WAIT_SECS s; see $STATE/log/" >&2
-      SLURM_CONF=$CONF sinfo -N -l >&2 || true
+      sinfo -N -l >&2 || true
       tail -n 5 "$STATE"/log/*.log >&2 || true
       exit 1
     fi
@@ -231,7 +237,7 @@ stop_pid() {
 }
 
 squeue_ids() {
-  SLURM_CONF=$CONF squeue -h -o %A "$@"
+  squeue -h -o %A "$@"
 }
 
 # slurmstepd's (a job's processes) outlive their slurmd: end the jobs first,
@@ -241,8 +247,8 @@ cancel_jobs() {
   local ids deadline=$((SECONDS + 20))
   mapfile -t ids < <(squeue_ids)
   [ ${#ids[@]} -eq 0 ] && return
-  SLURM_CONF=$CONF scancel --quiet --full --signal=KILL "${ids[@]}" || true
-  SLURM_CONF=$CONF scancel --quiet "${ids[@]}" || true
+  scancel --quiet --full --signal=KILL "${ids[@]}" || true
+  scancel --quiet "${ids[@]}" || true
   while [ -n "$(squeue_ids -t R,CG)" ] && [ $SECONDS -lt $deadline ]; do
     sleep 1
   done
@@ -250,7 +256,8 @@ cancel_jobs() {
 
 stop() {
   cancel_jobs
-  for node in $(node_names); do stop_pid "$STATE/$node/slurmd.pid"; done
+  # Every node's, also of a start with another LOCAL_SLURM_NODES.
+  for pid_file in "$STATE"/*/slurmd.pid; do stop_pid "$pid_file"; done
   stop_pid "$STATE/slurmctld.pid"
   stop_pid "$STATE/munge/munged.pid"
   remove_hosts
@@ -261,7 +268,7 @@ status() {
     if running "$pid_file"; then echo "running: $pid_file ($(cat "$pid_file"))"
     else echo "stopped: $pid_file"; fi
   done
-  SLURM_CONF=$CONF sinfo -N
+  sinfo -N || true
 }
 
 case "${1:-}" in
