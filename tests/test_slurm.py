@@ -165,8 +165,8 @@ def first_checkpoint_after_zero(job):
 def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
     submit, sample, tmp_path):
   train_dir = tmp_path / 'train'
-  job = submit(flags=['--batch_size=8'] + sample.flags + ['--max_steps=20',
-                                                   '--train_dir=%s' % train_dir])
+  job = submit(flags=['--batch_size=8', '--max_steps=20', '--train_dir=%s' % train_dir,
+                     *sample.flags])
   info = job.wait_end()
   assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '0'), \
       job.log()
