@@ -43,7 +43,8 @@ import sys
 from training import prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
+  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, --onednn, signals
+                                              # held for the step loop, TensorFlow imported quietly
 
 import collections
 import contextlib
@@ -199,7 +200,9 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                            % (run.who, progress.step))
         # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
-  step, local_step = progress.step, progress.local_step
+  saved = saved_step(run, graph)  # the chief's last save, at close: async workers may have
+  step = progress.step if saved is None else saved  # moved the step on since its last read
+  local_step = progress.local_step
   if stop.requested:  # saved: the ps tasks may leave once the chief has said so
     report_to_ps(run, stopped=True)
     steps.stopped(stop, step)

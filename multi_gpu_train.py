@@ -20,7 +20,8 @@ import sys
 from training import prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
+  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, --onednn, signals
+                                              # held for the step loop, TensorFlow imported quietly
 
 import collections
 import contextlib

@@ -125,6 +125,29 @@ def test_ctrl_c_while_building_the_graph_stops_before_the_session(sample, tmp_pa
   assert 'Traceback' not in trainer.err and 'KeyboardInterrupt' not in trainer.err
 
 
+def _tensorflow_loaded(pid):
+  with open('/proc/%d/maps' % pid) as f:
+    return 'libtensorflow_framework' in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig, code, name', [(signal.SIGINT, 130, 'Ctrl-C'),
+                                             (signal.SIGTERM, 143, 'SIGTERM')])
+def test_signal_while_tensorflow_loads_is_held_run_stops_at_start_in_one_line(
+    sample, tmp_path, tasks, sig, code, name):
+  # A whole job stopped at once (a time limit) often finds its tasks still loading
+  # TensorFlow: the signal waits for the step loop, which stops before any step.
+  trainer = tasks(_args(sample, tmp_path, '--max_steps=100000'))
+  helpers.wait_until(lambda: helpers.signal_caught(trainer.pid, signal.SIGTERM) and
+                     not _tensorflow_loaded(trainer.pid), 'the signals held while '
+                     'TensorFlow loads', task=trainer)
+  trainer.send(sig)
+  assert trainer.finish() == code, trainer.log()
+  assert trainer.out_lines[-1] == ('Stopped by %s at step 0 before any step; rerun the '
+                                   'same command to resume.' % name), trainer.log()
+  assert 'Traceback' not in trainer.err and 'KeyboardInterrupt' not in trainer.err
+
+
 @pytest.mark.parametrize('sig, code, name', [
     (signal.SIGINT, 130, 'Ctrl-C'),
     (signal.SIGTERM, 143, 'SIGTERM'),

@@ -32,7 +32,7 @@ import re
 import signal
 import sys
 
-from training import onednn
+from training import onednn, signals
 
 PYTHON = (3, 11)              # the oldest Python the programs run on
 LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
@@ -42,9 +42,15 @@ ABSL_LINE = re.compile(r'([IWEF])\d{4} \d\d:\d\d:[\d.]+ +\d+ [^ \]]+:\d+\] ')
 BANNER = 'WARNING: All log messages before absl::InitializeLog() is called are written to'
 
 
-def start(argv):
-  """check_python(), onednn.choose(argv), import_tensorflow(): a program's first lines."""
+def start(argv, hold_signals=False):
+  """check_python(), onednn.choose(argv), import_tensorflow(): a program's first lines.
+
+  hold_signals: a trainer's: a Ctrl-C or SIGTERM from here on waits for its step loop
+  (signals.hold_until_ready), which stops as soon as it starts, saving.
+  """
   check_python()
+  if hold_signals:
+    signals.hold_until_ready()
   onednn.choose(argv)
   import_tensorflow()
 

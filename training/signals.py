@@ -14,6 +14,30 @@ SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128
 SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 
+_early = []  # the signal hold_until_ready() heard before a StopSignals was made
+
+
+def hold_until_ready():
+  """Ctrl-C and SIGTERM before the trainer's StopSignals exist are noted, not fatal.
+
+  A trainer spends seconds loading TensorFlow and checking its input before its step
+  loop can hear a signal; an orchestrator that stops a whole job at once (a time
+  limit) often finds its tasks there. The first signal is handed to StopSignals,
+  so the run stops as soon as it can, the chief after saving. A second Ctrl-C
+  exits at once. Call it before TensorFlow is imported (training/prelude.py).
+  """
+  def note(signum, frame):
+    del frame
+    if _early and signum == signal.SIGINT:
+      os.write(2, b'Stopped by a second Ctrl-C before training started; nothing was '
+                  b'written.\n')
+      os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
+    if not _early:
+      _early.append(signum)
+  for signum in SIGNAL_EXIT_CODES:
+    signal.signal(signum, note)
+
+
 class StopSignals:
   """Ctrl-C (SIGINT) and SIGTERM ask the step loop to stop after the current step.
 
@@ -43,7 +67,7 @@ class StopSignals:
   """
 
   def __init__(self, train_dir=None):
-    self.signum = None
+    self.signum = _early[0] if _early else None  # heard while the program started
     self._train_dir = train_dir
     self._said_again = False
     for signum in SIGNAL_EXIT_CODES:
