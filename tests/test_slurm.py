@@ -244,3 +244,22 @@ def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
   assert [m.group(2) for m in resumed] == [stopped[0].group(2)], job.log()
   assert 'Traceback' not in job.text, job.log()
   assert helpers.global_step(train_dir) == TIME_LIMIT_STEPS
+
+
+def test_train_sbatch_two_jobs_on_one_node_reserved_ports_both_complete(
+    submit, slurm, tmp_path):
+  # Without the ports srun reserves for each step (MpiParams=ports=, SLURM_STEP_RESV_PORTS)
+  # both jobs' tasks would listen on 8888.. of the same node, and the second would stop
+  # with `cannot listen on n1:8888`.
+  jobs = [submit('--nodelist=n1', flags=STEADY_FLAGS + [
+      '--max_steps=3000', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
+  infos = [job.wait_end() for job in jobs]
+  for job, info in zip(jobs, infos):
+    assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
+    assert job.task_exits() == {}, job.log()
+  ports = [re.findall(r'; ports (\S+) reserved by srun \(SLURM_STEP_RESV_PORTS\)',
+                      '\n'.join(job.lines(CHIEF))) for job in jobs]
+  assert all(len(found) == 1 for found in ports) and ports[0] != ports[1], ports
+  # They ran side by side: each started before the other ended.
+  assert infos[1]['StartTime'] < infos[0]['EndTime'] and (
+      infos[0]['StartTime'] < infos[1]['EndTime']), infos
