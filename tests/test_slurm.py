@@ -252,7 +252,7 @@ def test_train_sbatch_two_jobs_on_one_node_reserved_ports_both_complete(
   # both jobs' tasks would listen on 8888.. of the same node, and the second would stop
   # with `cannot listen on n1:8888`.
   jobs = [submit('--nodelist=n1', flags=STEADY_FLAGS + [
-      '--max_steps=3000', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
+      '--max_steps=1000', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
   infos = [job.wait_end() for job in jobs]
   for job, info in zip(jobs, infos):
     assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
