@@ -74,10 +74,14 @@ def assert_quiet(text):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('num_ps, mode', [(1, 'async'), (2, 'sync')])
+@pytest.mark.parametrize('num_ps, mode, save_every', [(1, 'async', 10), (2, 'sync', 10),
+                                                      (1, 'async', 1)],
+                         ids=['1-async', '2-sync', '1-async-saving-every-step'])
 def test_every_pod_sigterm_mid_training_chief_saves_all_exit_143_rerun_resumes(
-    tasks, tmp_path, num_ps, mode):
-  flags = ['--sync_replicas'] if mode == 'sync' else []
+    tasks, tmp_path, num_ps, mode, save_every):
+  # Saving every step, the signal mostly finds the chief inside a save.
+  flags = (['--sync_replicas'] if mode == 'sync' else []) + [
+      '--save_every_n_steps=%d' % save_every]
   job = [tasks(argv) for argv in pod_commands(tmp_path, num_ps, *flags)]
   chief = job[num_ps]
   chief.wait_for(past_first_checkpoint, 'a checkpoint at step 10 or later')
