@@ -592,6 +592,7 @@ def main(argv, slurm_cluster=None):
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
   settings = trainer_settings.settings_from_flags(FLAGS)
   if cluster.job_name == 'evaluator':
+    signals.release_held()  # it has no step loop: a signal stops it as it did
     evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
                   FLAGS.eval_interval_secs)
     return
