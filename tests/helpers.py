@@ -467,6 +467,52 @@ def serve(directory):
     server.server_close()
 
 
+@contextlib.contextmanager
+def serve_stream(headers, chunks):
+  """A hostile HTTP server on 127.0.0.1: every GET gets status 200, `headers` (a dict;
+  no Content-Length unless given) and then each bytes object of `chunks()`, an
+  iterable that may sleep between them; the connection closes when it ends or when
+  the block does. Yields the base URL."""
+  import http.server
+  done = threading.Event()
+
+  class Hostile(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's name)
+      self.send_response(200)
+      for name, value in headers.items():
+        self.send_header(name, value)
+      self.end_headers()
+      try:
+        for chunk in chunks():
+          if done.is_set():
+            return
+          self.wfile.write(chunk)
+          self.wfile.flush()
+      except OSError:  # the client went away
+        pass
+
+    def log_message(self, *args):
+      pass
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Hostile)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield 'http://127.0.0.1:%d/' % server.server_address[1]
+  finally:
+    done.set()
+    server.shutdown()
+    server.server_close()
+
+
+def drip(byte_every_secs, most_bytes):
+  """chunks for serve_stream: one byte every byte_every_secs, at most most_bytes."""
+  def chunks():
+    for _ in range(most_bytes):
+      time.sleep(byte_every_secs)
+      yield b'x'
+  return chunks
+
+
 def tree(root):
   """The paths of every file under root, relative to it, sorted."""
   return sorted(os.path.relpath(os.path.join(d, f), root)

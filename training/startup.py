@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import directory
+from training import input_lib
 from training import memory_check
 from training import mixed_precision
 from training import onednn
@@ -50,7 +51,9 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
     print(nothing_to_do(checkpoint, start_step, settings.max_steps))
     return None
   if not settings.synthetic:
-    data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
+    data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5,
+                       input_lib.Deadlines(settings.download_timeout_secs,
+                                           settings.download_stall_secs))
   if not locked:
     directory.make_train_dir(train_dir)
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
