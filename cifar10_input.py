@@ -172,6 +172,10 @@ def _extract(archive, data_dir, records_per_file=None):
   except (tarfile.TarError, EOFError, OSError) as e:
     raise DataError('cannot extract %s: %s. Remove it to download it again.'
                     % (archive, e)) from e
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Interrupted
+    e.during = ('the extraction of %s; its temporary directory is removed, the verified '
+                'archive kept' % archive)
+    raise
 
 
 def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines=None):

@@ -270,7 +270,7 @@ def train(settings, stop=None, flag_values=None):
   """
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
-    run = startup.start(exit_stack, settings, data.input)
+    run = startup.start(exit_stack, settings, data.input, stop=stop)
     if run is None:
       return
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)

@@ -5,6 +5,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -182,6 +183,36 @@ def test_failed_download_leaves_no_directories(tmp_path):
   assert str(raised.value).startswith('cannot download %s' % url)
   assert 'python cifar10_input.py --write_sample=' in str(raised.value)  # the offline way in
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['ctrl-c', 'sigterm'])
+def test_cli_signal_during_download_stops_at_once_removing_the_partial_file(tmp_path, tasks,
+                                                                           signum):
+  data_dir, train_dir = tmp_path / 'data', tmp_path / 'train'
+  sent = threading.Event()  # once a byte is sent, the first progress line is out
+
+  def chunks():  # 10 MB announced, a byte every 0.5 s: a download that would take 58 days
+    for chunk in helpers.drip(0.5, 200)():
+      yield chunk
+      sent.set()
+  with helpers.serve_stream({'Content-Length': str(10 ** 7)}, chunks) as url:
+    trainer = tasks(_trainer('--data_dir=%s' % data_dir, '--train_dir=%s' % train_dir,
+                             '--data_url=%scifar-10-binary.tar.gz' % url, '--max_steps=5'))
+    helpers.wait_until(sent.is_set, 'the first byte sent', trainer)
+    assert len(os.listdir(data_dir)) == 1  # the partial file
+    trainer.send(signum)
+    assert trainer.finish(timeout=15) == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], (
+        trainer.log())
+  assert trainer.out_lines[-1] == (
+      'Stopped by %s during the download of %scifar-10-binary.tar.gz; the partial file is '
+      'removed; nothing else was written.' % ({signal.SIGINT: 'Ctrl-C',
+                                                signal.SIGTERM: 'SIGTERM'}[signum], url)), (
+                                                    trainer.log())
+  assert trainer.out_lines[-2].startswith('>> Downloading cifar-10-binary.tar.gz 0.0% (0.0 of '
+                                          '10.0 MB), 0 s'), trainer.log()
+  assert 'Traceback' not in trainer.err and 'checkpoint' not in trainer.text, trainer.log()
+  assert os.listdir(tmp_path) == []  # no partial file, and no directory made for it
 
 
 @pytest.mark.parametrize('flag, message', [

@@ -167,22 +167,24 @@ def _stream(url, out, name, expected_bytes, limit, deadlines, mismatch_hint):
                       '(%s); nothing was downloaded. Check --data_url. %s'
                       % (url, length, limit.bytes, limit.why, mismatch_hint))
     progress = _Progress(name, length or expected_bytes)
-    for chunk in iter(lambda: response.read1(1 << 16), b''):
-      received += len(chunk)
-      if received > limit.bytes:
-        raise DataError('%s sent more than %d bytes, the most expected (%s), and was still '
-                        'sending; the partial file is removed. Check --data_url. %s'
-                        % (url, limit.bytes, limit.why, mismatch_hint))
-      out.write(chunk)
-      digest.update(chunk)
-      elapsed = time.monotonic() - start
-      if elapsed > deadlines.total_secs:
-        raise DataError('download of %s took more than %d s (--download_timeout_secs), '
-                        '%.1f MB received; the partial file is removed. Raise '
-                        '--download_timeout_secs on a slow link, or point --data_url at a '
-                        'nearer copy.' % (url, deadlines.total_secs, received / 1e6))
-      progress.show(received, elapsed)
-  progress.done()
+    try:
+      for chunk in iter(lambda: response.read1(1 << 16), b''):
+        received += len(chunk)
+        if received > limit.bytes:
+          raise DataError('%s sent more than %d bytes, the most expected (%s), and was '
+                          'still sending; the partial file is removed. Check --data_url. %s'
+                          % (url, limit.bytes, limit.why, mismatch_hint))
+        out.write(chunk)
+        digest.update(chunk)
+        elapsed = time.monotonic() - start
+        if elapsed > deadlines.total_secs:
+          raise DataError('download of %s took more than %d s (--download_timeout_secs), '
+                          '%.1f MB received; the partial file is removed. Raise '
+                          '--download_timeout_secs on a slow link, or point --data_url at a '
+                          'nearer copy.' % (url, deadlines.total_secs, received / 1e6))
+        progress.show(received, elapsed)
+    finally:  # the line ends whatever stopped it: the next line starts on its own
+      progress.done()
   return received, digest.hexdigest(), length
 
 
