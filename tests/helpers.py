@@ -534,6 +534,55 @@ def scalar_steps_per_file(directory, tag):
   return found
 
 
+# ---- Hostile files a user can leave where a program reads -------------------------------
+
+HOSTILE_FILES = ['fifo', 'dev_zero', 'sparse_3gb']
+
+
+def make_hostile(path, kind):
+  """Puts at path a FIFO (a read waits forever), a link to /dev/zero (never ends) or a
+  sparse 3 GB file (no disk used; read whole, it fills the memory)."""
+  path = str(path)
+  if kind == 'fifo':
+    os.mkfifo(path)
+  elif kind == 'dev_zero':
+    os.symlink('/dev/zero', path)
+  else:
+    with open(path, 'wb') as f:
+      f.truncate(3 << 30)
+
+
+def returns_within(secs, function, *args, unblock=None):
+  """function(*args)'s result or exception, or an AssertionError when it has not returned
+  within secs (then unblock(), if given, frees the thread: opens a FIFO's other end)."""
+  outcome = []
+
+  def call():
+    try:
+      outcome.append(('value', function(*args)))
+    except BaseException as e:  # noqa: B902 -- handed to the caller
+      outcome.append(('raised', e))
+  thread = threading.Thread(target=call, daemon=True)
+  thread.start()
+  thread.join(secs)
+  if thread.is_alive():
+    if unblock:
+      unblock()
+    raise AssertionError('%s has not returned within %d s' % (function.__name__, secs))
+  kind, value = outcome[0]
+  if kind == 'raised':
+    raise value
+  return value
+
+
+def unblock_fifo(path):
+  """A writer for the FIFO at path, at once closed: its reader sees the end."""
+  def unblock():
+    with contextlib.suppress(OSError):
+      os.close(os.open(str(path), os.O_WRONLY | os.O_NONBLOCK))
+  return unblock
+
+
 # ---- Running processes, as Linux's /proc shows them ---------------------------------------
 
 def send_and_mark(task, signum, text):

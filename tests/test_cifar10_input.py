@@ -351,6 +351,17 @@ def test_download_content_length_beyond_the_cap_refused_before_any_byte(tmp_path
   assert not os.path.exists(tmp_path / 'data')
 
 
+def test_archive_that_is_a_fifo_refused_in_one_line_without_waiting(tmp_path):
+  (tmp_path / 'data').mkdir()
+  helpers.make_hostile(tmp_path / 'data' / 'cifar-10-binary.tar.gz', 'fifo')
+  with pytest.raises(cifar10_input.DataError, match='cifar-10-binary.tar.gz is not a regular '
+                     'file'):
+    helpers.returns_within(10, cifar10_input.maybe_download_and_extract,
+                           str(tmp_path / 'data'), 'http://127.0.0.1:9/cifar-10-binary.tar.gz',
+                           unblock=helpers.unblock_fifo(
+                               tmp_path / 'data' / 'cifar-10-binary.tar.gz'))
+
+
 # ---- Bad data found before training ------------------------------------------------
 
 def _bin(data_dir, name):

@@ -605,3 +605,34 @@ def test_earlier_run_record_json_but_not_a_record_shows_no_change_and_no_traceba
   (tmp_path / 'run-20261125-000000-step0.json').write_text(text)
   record = {'constants': {'cifar10/model.py': {'BATCH': 1}}, 'flags': {'max_steps': 2}}
   assert run_record.changes_since(str(tmp_path), record) is None
+
+
+@pytest.mark.parametrize('kind', helpers.HOSTILE_FILES + ['nested_200000_deep'])
+def test_changes_since_hostile_run_record_not_compared_in_one_line_without_waiting(tmp_path,
+                                                                                  kind):
+  name = 'run-20261125-000000-step0.json'
+  if kind == 'nested_200000_deep':
+    (tmp_path / name).write_text('[' * 200000 + ']' * 200000)
+  else:
+    helpers.make_hostile(tmp_path / name, kind)
+  record = {'constants': {'cifar10/model.py': {'BATCH': 1}}, 'flags': {'max_steps': 2}}
+  said = helpers.returns_within(10, run_record.changes_since, str(tmp_path), record,
+                                unblock=helpers.unblock_fifo(tmp_path / name))
+  why = {'fifo': 'not a regular file but a FIFO', 'dev_zero': 'not a regular file but a '
+         'character device', 'sparse_3gb': '%d bytes, more than the %d expected' % (
+             3 << 30, run_record.RECORD_MAX_BYTES),
+         'nested_200000_deep': 'nested more than 100 levels deep'}[kind]
+  assert said == 'not compared with %s: %s. Remove it if it is not a run record.' % (
+      tmp_path / name, why)
+
+
+@pytest.mark.parametrize('kind', helpers.HOSTILE_FILES)
+def test_read_state_file_hostile_file_refused_in_one_line_without_waiting(tmp_path, kind):
+  helpers.make_hostile(tmp_path / 'checkpoint', kind)
+  with pytest.raises(errors.TrainingError) as e:
+    helpers.returns_within(10, checkpoints.read_state_file, str(tmp_path),
+                           unblock=helpers.unblock_fifo(tmp_path / 'checkpoint'))
+  assert str(e.value).startswith('%s cannot be read as a checkpoint state file (%s' % (
+      tmp_path / 'checkpoint', 'not a regular file' if kind != 'sparse_3gb' else '%d bytes'
+      % (3 << 30))), str(e.value)
+  assert '\n' not in str(e.value)

@@ -31,11 +31,21 @@ class DataError(Exception):
 # ---- The download ------------------------------------------------------------------
 
 def md5_of(path):
+  """The md5 of the file at path, streamed; DataError for a FIFO or a device, whose
+  read would wait forever or never end."""
+  check_regular(path)
   digest = hashlib.md5()
   with open(path, 'rb') as f:
     for chunk in iter(lambda: f.read(1 << 20), b''):
       digest.update(chunk)
   return digest.hexdigest()
+
+
+def check_regular(path):
+  """Raises DataError unless path (followed through links) is a regular file."""
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise DataError('%s is not a regular file (a FIFO, a device or a directory), so it is '
+                    'not read. Remove it; the program downloads or writes its own.' % path)
 
 
 def temp_file(directory, prefix):
@@ -288,6 +298,7 @@ def tfrecords(path):
   Raises:
     DataError: naming the file, the record, its offset and what to do.
   """
+  check_regular(path)  # a FIFO would block TensorFlow's reader forever
   size, offset, index = os.path.getsize(path), 0, 0
   try:
     # tf_record_iterator checks each record's CRCs. It is deprecated in favour of

@@ -11,10 +11,11 @@ import tensorflow as tf
 
 from training import mixed_precision
 from training import onednn
-from training.directory import write_whole
-from training.errors import TrainingError
+from training.directory import parse_json, read_bounded, write_whole
+from training.errors import TrainingError, one_line
 
 RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')  # write_run_record's names
+RECORD_MAX_BYTES = 1 << 20  # a record has a few KB; a larger file is not compared with
 
 
 def constants_of(module):
@@ -93,16 +94,19 @@ def write_and_compare(train_dir, record):
 def changes_since(train_dir, record):
   """'changed since run-<...>.json: NAME old -> new (file); --flag old -> new', naming
   what differs from the newest run record already in train_dir; None when nothing
-  does, or there is no earlier record (or none that reads as JSON)."""
+  does, or there is no earlier record. A file of that name that is no record to read
+  (not JSON, a FIFO, a device, too large, nested too deep) is not compared with, in a
+  line that says why (directory.read_bounded)."""
   previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
                                       else []) if RECORD_NAME.match(name))
   if not previous:
     return None
+  path = os.path.join(train_dir, previous[-1])
   try:
-    with open(os.path.join(train_dir, previous[-1])) as f:
-      old = json.load(f)
-  except (OSError, ValueError):
-    return None
+    old = parse_json(read_bounded(path, RECORD_MAX_BYTES).decode('utf-8'))
+  except (OSError, ValueError) as e:  # ValueError: not UTF-8, not JSON, nested too deep
+    return 'not compared with %s: %s. Remove it if it is not a run record.' % (
+        path, e.strerror if isinstance(e, OSError) else one_line(e))
   if not isinstance(old, dict):  # JSON, but not a run record
     return None
   new = json.loads(json.dumps(record))  # tuples as lists, as the file has them
