@@ -131,6 +131,13 @@ def check_data_files(paths, records_per_file=None):
   return total
 
 
+def check_train_files(data_dir):
+  """Checks the five training files again (check_data_files): after a TensorFlow error
+  in the step loop, whether one was cut or relabelled under the running trainer
+  (DataError naming it)."""
+  check_data_files([os.path.join(batches_dir(data_dir), f) for f in TRAIN_FILES])
+
+
 def _extract(archive, data_dir, records_per_file=None):
   """Extracts the expected members of `archive` into data_dir, refusing anything else.
 

@@ -469,6 +469,12 @@ def main(argv=None):
 
 
 
+def check_train_files(data_dir):
+  """Checks the training file again, record by record: after a TensorFlow error in the
+  step loop, whether it was changed under the running trainer (DataError naming it)."""
+  check_records(os.path.join(data_dir, TRAIN_FILE))
+
+
 # The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).
 prepare = maybe_download_and_convert
 

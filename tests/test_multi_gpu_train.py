@@ -434,6 +434,32 @@ def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_pat
   assert helpers.global_step(tmp_path) == step + 1
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('change', ['cut', 'relabelled'])
+def test_cli_data_file_changed_mid_run_stops_in_one_line_after_saving(tmp_path, tasks, change):
+  data = helpers.write_sample(tmp_path / 'data', 40)  # 200 training records: 25 steps an epoch
+  train_dir = tmp_path / 'train'
+  trainer = tasks(_trainer('--batch_size=8', *data.flags, '--train_dir=%s' % train_dir,
+                           '--summary_steps=0', '--log_frequency=1', '--save_every_n_steps=5',
+                           '--max_steps=100000'))
+  trainer.wait_for(lambda line: (m := helpers.LOSS_LINE.match(line)) and int(m.group(1)) >= 6,
+                   'the loss line of step 6')  # step 5 is saved
+  path = os.path.join(data.dir, 'cifar-10-batches-bin', 'data_batch_3.bin')
+  with open(path, 'r+b') as f:
+    if change == 'cut':  # as a copy in progress would leave it
+      f.truncate(os.path.getsize(path) - 1000)
+    else:  # record 0's label byte
+      f.write(bytes([200]))
+  assert trainer.finish() == 1, trainer.log()
+  errors = [line for line in trainer.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and 'Traceback' not in trainer.err, trainer.log()
+  assert errors[0].startswith('error: a data file changed during the run: %s %s' % (
+      path, 'has 121920 bytes' if change == 'cut' else 'record 0 has label 200')), errors[0]
+  step = int(re.search(r'(Saved step|The checkpoint of step) (\d+)', errors[0]).group(2))
+  assert helpers.global_step(train_dir) == step > 5, trainer.log()  # whole: it reads back
+  assert trainer.err_lines[-1] == errors[0], trainer.log()
+
+
 def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path, capsys,
                                                                        monkeypatch):
   def run(max_steps, batch_size):

@@ -34,6 +34,11 @@ def _checkpoints_on_disk(train_dir):
           for step in sorted(steps, reverse=True)]
 
 
+def saved(train_dir, step):
+  """True when train_dir holds a checkpoint of this global step."""
+  return os.path.exists(os.path.join(train_dir, '%s-%d.index' % (CHECKPOINT_PREFIX, step)))
+
+
 def read_whole(path):
   """Reads every tensor of checkpoint `path`; returns its global step.
 

@@ -21,7 +21,8 @@ from training import placement
 # ---- The data sets: a model package and an input module each --------------------
 # The model package gives inference(images), loss(logits, labels) and the
 # constants build() reads; the input module gives prepare, train_records,
-# train_dataset, seeded_dataset, synthetic_dataset and eval_dataset. A third
+# train_dataset, seeded_dataset, synthetic_dataset, eval_dataset and
+# check_train_files (a file changed under a running trainer: steps.stop_on_changed_data). A third
 # data set is one more package and one more line here.
 DataSet = collections.namedtuple('DataSet', ['model', 'input'])
 DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, mnist_input)}
