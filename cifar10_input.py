@@ -160,6 +160,13 @@ def _extract(archive, data_dir, records_per_file=None):
         if not (member.isreg() or member.isdir()):
           raise DataError('%s holds %r, which is a link or special file; refusing to '
                           'extract it.' % (archive, name))
+      missing = sorted(posixpath.join(BATCHES_DIR, f) for f in TRAIN_FILES + TEST_FILES
+                       if posixpath.join(BATCHES_DIR, f) not in
+                       {posixpath.normpath(m.name) for m in members if m.isreg()})
+      if missing:  # said here, naming the archive: not the temporary directory below
+        raise DataError('%s has no %s: it is not a whole CIFAR-10 binary archive. Remove it '
+                        'to download it again, or check --data_url.'
+                        % (archive, ', '.join(missing)))
       tmp_dir = tempfile.mkdtemp(prefix='%s%d-' % (EXTRACT_PREFIX, os.getpid()),
                                  dir=data_dir)
       try:
@@ -206,6 +213,10 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   Raises:
     DataError: with what is wrong and what to do.
   """
+  if data_md5 and not re.fullmatch(r'[0-9a-fA-F]{32}', data_md5):
+    raise DataError('--data_md5=%s is not an md5 (32 hex digits); nothing was read or '
+                    'written. Give the md5 of your copy of the archive (md5sum prints it), '
+                    'or drop --data_md5 for the official one.' % data_md5)
   data_url = data_url or DATA_URL
   data_md5 = (data_md5 or DATA_MD5).lower()
   official = data_md5 == DATA_MD5

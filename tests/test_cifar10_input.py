@@ -221,7 +221,8 @@ def test_existing_batches_dir_with_truncated_file_stops_and_keeps_it(tmp_path):
   path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_3.bin'
   path.write_bytes(path.read_bytes()[:-1])
   with pytest.raises(cifar10_input.DataError, match='data_batch_3.bin has 12291 bytes'):
-    cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none', 'x')
+    cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none',
+                                             '0' * 32)
   assert path.stat().st_size == 12291  # left as it was, for the user to look at
 
 
@@ -360,6 +361,29 @@ def test_archive_that_is_a_fifo_refused_in_one_line_without_waiting(tmp_path):
                            str(tmp_path / 'data'), 'http://127.0.0.1:9/cifar-10-binary.tar.gz',
                            unblock=helpers.unblock_fifo(
                                tmp_path / 'data' / 'cifar-10-binary.tar.gz'))
+
+
+@pytest.mark.parametrize('md5', ['not-an-md5', 'f' * 31, 'f' * 33, 'g' * 32])
+def test_data_md5_not_32_hex_digits_refused_in_one_line(sample, md5, capsys):
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(sample.dir, None, md5)
+  assert str(e.value).startswith('--data_md5=%s is not an md5 (32 hex digits)' % md5)
+  assert md5 not in capsys.readouterr().out  # never printed as the copy's md5
+
+
+def test_download_archive_missing_a_member_names_the_archive_not_a_temporary_dir(tmp_path):
+  served = tmp_path / 'served'
+  served.mkdir()
+  members = [m for m in _dataset_members(records_per_file=5)
+             if not m[0].endswith('data_batch_3.bin')]
+  md5 = _make_tarball(str(served / 'cifar-10-binary.tar.gz'), members)
+  data_dir = tmp_path / 'data'
+  with helpers.serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz', md5)
+  assert str(e.value) == ('%s has no cifar-10-batches-bin/data_batch_3.bin: it is not a whole '
+                          'CIFAR-10 binary archive. Remove it to download it again, or check '
+                          '--data_url.' % (data_dir / 'cifar-10-binary.tar.gz'))
+  assert helpers.tree(data_dir) == ['cifar-10-binary.tar.gz']  # no temporary directory left
 
 
 # ---- Bad data found before training ------------------------------------------------

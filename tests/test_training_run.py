@@ -636,3 +636,22 @@ def test_read_state_file_hostile_file_refused_in_one_line_without_waiting(tmp_pa
       tmp_path / 'checkpoint', 'not a regular file' if kind != 'sparse_3gb' else '%d bytes'
       % (3 << 30))), str(e.value)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('old, new, said', [
+    (float('nan'), float('nan'), None),
+    ([1.0, float('nan')], [1.0, float('nan')], None),
+    (float('nan'), 0.1, 'X nan -> 0.1 (m.py)'),
+    ({'cifar10': {'batch_size': 128}}, {'cifar10': {'batch_size': 128}}, None),
+    ({'cifar10': {'batch_size': 128}}, {'cifar10': {'batch_size': 64}},
+     "X {'cifar10': {'batch_size': 128}} -> {'cifar10': {'batch_size': 64}} (m.py)"),
+], ids=['nan_same', 'nan_in_list_same', 'nan_edited', 'dict_same', 'dict_edited'])
+def test_changes_since_nan_equal_to_itself_and_dict_edits_reported(tmp_path, old, new, said):
+  run_record.write_run_record(str(tmp_path), {'constants': {'m.py': {'X': old}}})
+  changed = run_record.changes_since(str(tmp_path), {'constants': {'m.py': {'X': new}}})
+  assert changed == (said and 'changed since %s: %s' % (os.listdir(tmp_path)[0], said))
+
+
+def test_constants_of_holds_a_dict_constant():
+  assert run_record.constants_of(multi_gpu_train)['DATASET_DEFAULTS'] == (
+      multi_gpu_train.DATASET_DEFAULTS)

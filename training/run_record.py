@@ -2,6 +2,7 @@
 import collections
 import datetime
 import json
+import math
 import os
 import re
 import sys
@@ -19,9 +20,19 @@ RECORD_MAX_BYTES = 1 << 20  # a record has a few KB; a larger file is not compar
 
 
 def constants_of(module):
-  """The module's UPPER_CASE constants of plain types: {name: value}."""
+  """The module's UPPER_CASE constants of plain types: {name: value}; a dict too
+  (DATASET_DEFAULTS), when JSON can hold it."""
   return {name: value for name, value in sorted(vars(module).items())
-          if name.isupper() and isinstance(value, (bool, int, float, str, list, tuple))}
+          if name.isupper() and (isinstance(value, (bool, int, float, str, list, tuple)) or
+                                 isinstance(value, dict) and _is_json(value))}
+
+
+def _is_json(value):
+  try:
+    json.dumps(value)
+  except (TypeError, ValueError):
+    return False
+  return True
 
 
 def write_run_record(train_dir, record):
@@ -115,7 +126,7 @@ def changes_since(train_dir, record):
   for source, constants in new.get('constants', {}).items():
     for name, value in constants.items():
       was = _as_dict(old_constants.get(source)).get(name, value)
-      if was != value:
+      if _differs(was, value):
         changes.append('%s %s -> %s (%s)' % (name, _shown(was), _shown(value), source))
   old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
@@ -124,6 +135,18 @@ def changes_since(train_dir, record):
   if not changes:
     return None
   return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
+
+
+def _differs(was, value):
+  """was != value, except that NaN equals NaN (nested in lists and dicts too): a NaN
+  constant unchanged is not an edit."""
+  if isinstance(was, float) and isinstance(value, float) and math.isnan(was):
+    return not math.isnan(value)
+  if isinstance(was, list) and isinstance(value, list):
+    return len(was) != len(value) or any(map(_differs, was, value))
+  if isinstance(was, dict) and isinstance(value, dict):
+    return was.keys() != value.keys() or any(_differs(was[k], value[k]) for k in was)
+  return was != value
 
 
 def _as_dict(value):
