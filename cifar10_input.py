@@ -37,6 +37,7 @@ from training import input_lib
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
 DATA_MD5 = 'c32a1d4ab5d03f1284b67883e8d87530'
 DATA_BYTES = 170052171                # size of the official archive
+OWN_COPY_MAX_BYTES = 2 * DATA_BYTES   # a download of a copy of your own (--data_md5) stops past this
 BATCHES_DIR = 'cifar-10-batches-bin'  # the archive's top directory, under data_dir
 TRAIN_FILES = ['data_batch_%d.bin' % i for i in range(1, 6)]
 TEST_FILES = ['test_batch.bin']
@@ -130,6 +131,13 @@ def check_data_files(paths, records_per_file=None):
   return total
 
 
+def check_train_files(data_dir):
+  """Checks the five training files again (check_data_files): after a TensorFlow error
+  in the step loop, whether one was cut or relabelled under the running trainer
+  (DataError naming it)."""
+  check_data_files([os.path.join(batches_dir(data_dir), f) for f in TRAIN_FILES])
+
+
 def _extract(archive, data_dir, records_per_file=None):
   """Extracts the expected members of `archive` into data_dir, refusing anything else.
 
@@ -152,6 +160,13 @@ def _extract(archive, data_dir, records_per_file=None):
         if not (member.isreg() or member.isdir()):
           raise DataError('%s holds %r, which is a link or special file; refusing to '
                           'extract it.' % (archive, name))
+      missing = sorted(posixpath.join(BATCHES_DIR, f) for f in TRAIN_FILES + TEST_FILES
+                       if posixpath.join(BATCHES_DIR, f) not in
+                       {posixpath.normpath(m.name) for m in members if m.isreg()})
+      if missing:  # said here, naming the archive: not the temporary directory below
+        raise DataError('%s has no %s: it is not a whole CIFAR-10 binary archive. Remove it '
+                        'to download it again, or check --data_url.'
+                        % (archive, ', '.join(missing)))
       tmp_dir = tempfile.mkdtemp(prefix='%s%d-' % (EXTRACT_PREFIX, os.getpid()),
                                  dir=data_dir)
       try:
@@ -171,9 +186,13 @@ def _extract(archive, data_dir, records_per_file=None):
   except (tarfile.TarError, EOFError, OSError) as e:
     raise DataError('cannot extract %s: %s. Remove it to download it again.'
                     % (archive, e)) from e
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Interrupted
+    e.during = ('the extraction of %s; its temporary directory is removed, the verified '
+                'archive kept' % archive)
+    raise
 
 
-def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
+def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines=None):
   """Makes sure data_dir/cifar-10-batches-bin holds six good .bin files.
 
   Nothing is downloaded when the extracted files are already there. A missing or
@@ -186,6 +205,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
     data_dir: str, directory for the archive and the extracted files.
     data_url: str, where to fetch the archive (default: the official copy).
     data_md5: str, the archive's md5 (default: the official archive's).
+    deadlines: input_lib.Deadlines of a download (default: input_lib's constants).
 
   Returns:
     str, the directory holding the .bin files.
@@ -193,6 +213,10 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
   Raises:
     DataError: with what is wrong and what to do.
   """
+  if data_md5 and not re.fullmatch(r'[0-9a-fA-F]{32}', data_md5):
+    raise DataError('--data_md5=%s is not an md5 (32 hex digits); nothing was read or '
+                    'written. Give the md5 of your copy of the archive (md5sum prints it), '
+                    'or drop --data_md5 for the official one.' % data_md5)
   data_url = data_url or DATA_URL
   data_md5 = (data_md5 or DATA_MD5).lower()
   official = data_md5 == DATA_MD5
@@ -219,7 +243,8 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
       print('%s Extracting it again from the verified archive %s.' % (what, archive))
       _extract(archive, data_dir, per_file)
   else:
-    _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None)
+    _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None,
+           deadlines or input_lib.Deadlines())
     _extract(archive, data_dir, per_file)
     print('Extracted %s' % dest)
   if not official:
@@ -229,7 +254,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None):
   return dest
 
 
-def _fetch(data_url, data_dir, archive, data_md5, expected_bytes):
+def _fetch(data_url, data_dir, archive, data_md5, expected_bytes, deadlines):
   """Downloads the archive unless a copy with the right md5 is already there.
 
   data_dir is created only for the download, and removed again, when it was
@@ -245,7 +270,10 @@ def _fetch(data_url, data_dir, archive, data_md5, expected_bytes):
   created = input_lib.make_data_dir(data_dir)
   try:
     input_lib.download(
-        data_url, archive, data_md5, expected_bytes,
+        data_url, archive, data_md5, expected_bytes, deadlines=deadlines,
+        limit=None if expected_bytes else input_lib.Limit(
+            OWN_COPY_MAX_BYTES, 'a copy of your own: OWN_COPY_MAX_BYTES in cifar10_input.py, '
+            'twice the official archive'),
         offline_hint='To try the program without the data set: python cifar10_input.py '
                      '--write_sample=/tmp/cifar10_sample',
         mismatch_hint='If you trust this copy, pass its md5 as --data_md5.')

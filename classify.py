@@ -21,7 +21,9 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import collections
+import errno
 import re
+import stat
 import sys
 
 try:  # in this project: TensorFlow's start-up notices kept to the log level, once
@@ -37,6 +39,8 @@ import numpy as np
 import tensorflow as tf
 
 TOP_K = 3                             # classes printed per file, likeliest first
+MAX_IMAGE_BYTES = 64 << 20            # an image file larger than this is refused, not read
+MAX_NAMES_BYTES = 1 << 20             # the class names file, likewise
 # export_model.py's names: its signature, its input, and its file of class names.
 SIGNATURE_KEY = 'serving_default'
 INPUT_KEY = 'images'
@@ -92,10 +96,10 @@ def load(model_dir):
   names_path = os.path.join(model_dir, CLASS_NAMES_FILE)
   if os.path.exists(names_path):
     try:
-      with open(names_path) as f:
-        names = f.read().splitlines()
+      names = read_bounded(names_path, MAX_NAMES_BYTES).decode('utf-8').splitlines()
     except (OSError, UnicodeDecodeError) as e:
-      raise ClassifyError('cannot read %s: %s' % (names_path, e)) from None
+      raise ClassifyError('cannot read %s: %s' % (
+          names_path, e.strerror if isinstance(e, OSError) else e)) from None
   if len(names) != num_classes:
     raise ClassifyError('%s names %d classes; the model has %d.'
                         % (names_path, len(names), num_classes))
@@ -115,9 +119,8 @@ def read_image(path, image_shape):
     ClassifyError: naming the file and why it cannot be read.
   """
   channels = image_shape[2] if len(image_shape) == 3 else 1
-  try:
-    with open(path, 'rb') as f:
-      contents = f.read()
+  try:  # never a FIFO's endless wait, nor /dev/zero's endless bytes
+    contents = read_bounded(path, MAX_IMAGE_BYTES)
   except OSError as e:
     raise ClassifyError('%s: cannot read it: %s' % (path, e.strerror)) from None
   try:
@@ -152,6 +155,26 @@ def classify(model, paths):
     best = np.argsort(-row, kind='stable')[:TOP_K]
     found.append((path, ', '.join('%s %.2f' % (model.names[i], row[i]) for i in best)))
   return found, failed
+
+
+def read_bounded(path, max_bytes):
+  """The bytes of the regular file at path, at most max_bytes; never a wait.
+
+  training/directory.py's read_bounded, which every other program uses, kept to its
+  core here: this program needs no project code (see the docstring). A FIFO would
+  wait for a writer forever and /dev/zero never ends: both are refused before a read.
+
+  Raises:
+    OSError: its strerror says what is wrong.
+  """
+  with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), 'rb') as f:
+    info = os.fstat(f.fileno())
+    if not stat.S_ISREG(info.st_mode):
+      raise OSError(errno.EINVAL, 'not a regular file (a FIFO, a device or a directory)')
+    data = f.read(max_bytes + 1)
+  if len(data) > max_bytes:
+    raise OSError(errno.EFBIG, 'more than %d bytes, the most this program reads' % max_bytes)
+  return data
 
 
 def _first_line(e):

@@ -48,7 +48,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
-from training import checkpoints, errors, evaluation, placement, signals
+from training import checkpoints, directory, errors, evaluation, placement, signals
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -195,31 +195,22 @@ def _read_record(export_dir, found):
   """{path: 'file' or 'dir'} that RECORD_FILE lists: what this program wrote there.
 
   Read only if it is a regular file of at most RECORD_MAX_BYTES (not a FIFO, which a
-  read would wait on forever, nor a link).
+  read would wait on forever, nor a link): directory.read_bounded.
 
   Raises:
     ExportError: no record, or not one this program wrote; naming what export_dir holds.
   """
   path = os.path.join(export_dir, RECORD_FILE)
-  why_not = None
   try:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    data = directory.read_bounded(path, RECORD_MAX_BYTES, follow_links=False)
   except FileNotFoundError:
     why_not = 'it has no %s' % RECORD_FILE
-  except OSError as e:
+  except OSError as e:  # a link, a FIFO, a device, too large: directory.read_bounded says
     why_not = 'its %s cannot be read: %s' % (RECORD_FILE, e.strerror)
-  if why_not is None:
-    with os.fdopen(fd, 'rb') as f:
-      info = os.fstat(f.fileno())
-      if not stat.S_ISREG(info.st_mode):
-        why_not = 'its %s is not a regular file' % RECORD_FILE
-      elif info.st_size > RECORD_MAX_BYTES:
-        why_not = 'its %s has %d bytes, more than a record\'s %d' % (
-            RECORD_FILE, info.st_size, RECORD_MAX_BYTES)
-      else:
-        why_not, listed = _parse_record(f.read(RECORD_MAX_BYTES + 1))
-        if why_not is None:
-          return listed
+  else:
+    why_not, listed = _parse_record(data)
+    if why_not is None:
+      return listed
   top = [path for path in found if '/' not in path]
   raise ExportError(
       '--export_dir %s is not an export of export_model.py (%s; it holds %s); nothing was '
@@ -231,7 +222,7 @@ def _read_record(export_dir, found):
 def _parse_record(data):
   """(None, {path: 'file' or 'dir'}) of a record's bytes, or (why not, None)."""
   try:
-    record = json.loads(data.decode('utf-8'))
+    record = directory.parse_json(data.decode('utf-8'))
     files, directories = record['files'], record['directories']
     if record['written_by'] != 'export_model.py':
       raise ValueError

@@ -139,7 +139,7 @@ def _parse(record):
 
 # ---- Download and conversion ---------------------------------------------------
 
-def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
+def maybe_download_and_convert(data_dir, data_url=None, data_md5=None, deadlines=None):
   """Makes sure data_dir holds train.tfrecords and test.tfrecords, and checks them.
 
   Record files already there are used as they are. Otherwise the four IDX files
@@ -150,6 +150,7 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
     data_dir: str.
     data_url: str, the base URL of the four .gz files (default: TensorFlow's copy).
     data_md5: must be None: MNIST has four files with their own published md5s.
+    deadlines: input_lib.Deadlines of each download (default: input_lib's constants).
 
   Returns:
     dict record file name -> number of records.
@@ -168,7 +169,8 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
     path = os.path.join(data_dir, record_file)
     if not os.path.exists(path):
       for source in sources:
-        _fetch(data_url.rstrip('/') + '/' + source, data_dir, source)
+        _fetch(data_url.rstrip('/') + '/' + source, data_dir, source,
+               deadlines or input_lib.Deadlines())
       _convert(data_dir, sources, path)
   counts = {f: check_records(os.path.join(data_dir, f)) for f in SPLITS}
   print('MNIST in %s: %s' % (data_dir, ', '.join('%s %d records' % item
@@ -176,7 +178,7 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None):
   return counts
 
 
-def _fetch(url, data_dir, source):
+def _fetch(url, data_dir, source, deadlines):
   path = os.path.join(data_dir, source)
   size, md5 = SOURCES[source]
   if os.path.exists(path):
@@ -186,7 +188,7 @@ def _fetch(url, data_dir, source):
     return
   created = input_lib.make_data_dir(data_dir)
   try:
-    input_lib.download(url, path, md5, size, offline_hint=(
+    input_lib.download(url, path, md5, size, deadlines=deadlines, offline_hint=(
         'To try the program without the data set: python mnist_input.py '
         '--write_sample=/tmp/mnist_sample'))
   except BaseException:
@@ -465,6 +467,12 @@ def main(argv=None):
         '--train_dir=%s_dist_train'
         % (data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir))
 
+
+
+def check_train_files(data_dir):
+  """Checks the training file again, record by record: after a TensorFlow error in the
+  step loop, whether it was changed under the running trainer (DataError naming it)."""
+  check_records(os.path.join(data_dir, TRAIN_FILE))
 
 
 # The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).

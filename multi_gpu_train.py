@@ -271,7 +271,7 @@ def train(settings, stop=None, flag_values=None):
   """
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
-    run = startup.start(exit_stack, settings, data.input)
+    run = startup.start(exit_stack, settings, data.input, stop=stop)
     if run is None:
       return
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
@@ -293,8 +293,12 @@ def train(settings, stop=None, flag_values=None):
       all_finite = checkpoints.all_variables_finite()  # what each save checks first
       with open_session(run, config, input_init) as (sess, saver):
         run_loop = loop_async if settings.async_towers else loop
-        run_loop(sess, Run(run, saver, all_finite, data.model.__name__, record), graph,
-                 settings, stop or steps.NEVER)
+        state = Run(run, saver, all_finite, data.model.__name__, record)
+        rereads = not settings.synthetic and settings.seed is None  # each epoch, from disk
+        with steps.stop_on_changed_data(
+            rereads and (lambda: data.input.check_train_files(settings.data_dir)),
+            lambda: save_after_error(sess, state, graph)):
+          run_loop(sess, state, graph, settings, stop or steps.NEVER)
 
 
 def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
@@ -398,6 +402,16 @@ def loop(sess, run, graph, settings, stop):
 def save(sess, run, step, last_saved):
   return checkpoints.save_if_finite(sess, run.saver, run.start.train_dir, step,
                                     KEEP_CHECKPOINTS, run.all_finite, run.model_name, last_saved)
+
+
+def save_after_error(sess, run, graph):
+  """After a step that failed, which applied nothing: a checkpoint of the global step,
+  unless one is on disk. Returns what it says."""
+  step = sess.run(graph.global_step)
+  if checkpoints.saved(run.start.train_dir, step):
+    return 'The checkpoint of step %d is kept; rerun to resume once the file is whole.' % step
+  save(sess, run, step, None)
+  return 'Saved step %d; rerun to resume once the file is whole.' % step
 
 
 def loop_async(sess, run, graph, settings, stop):

@@ -47,9 +47,11 @@ import tensorflow as tf
 # The resolver's own readers of Slurm's node and task lists, and its GPU count.
 from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
+from training.directory import parse_json
 from training.errors import one_line
 
 SLURM_PORT_BASE = 8888   # a Slurm task listens on this + its index among its node's tasks
+SLURM_MAX_TASKS = 1 << 16  # more tasks in one step is a mistake, not a cluster to expand
 TASK_TYPES = ('chief', 'master', 'worker', 'ps', 'evaluator')  # what TF_CONFIG may name
 SLURM_VARIABLES = ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS', 'SLURM_STEP_NODELIST',
                    'SLURM_STEP_TASKS_PER_NODE')
@@ -266,7 +268,7 @@ def _read_tf_config(text, environ):
       skipped indexes, two chiefs, no ps, no chief and no worker.
   """
   try:
-    config = json.loads(text)
+    config = parse_json(text)  # its depth checked: 200,000 levels would recurse out
   except ValueError as e:
     raise ClusterError('TF_CONFIG is not JSON (%s); set it to JSON such as %s, or unset it '
                        'to give the cluster with flags' % (e, TF_CONFIG_EXAMPLE)) from None
@@ -276,6 +278,13 @@ def _read_tf_config(text, environ):
   if not isinstance(config.get('task'), dict):
     raise ClusterError('TF_CONFIG has no "task" object: it must say which task this is, e.g. '
                        '"task": {"type": "worker", "index": 0}')
+  index = config['task'].get('index')
+  if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+    # The resolver takes int() of it: 0.5 would be task 0, "1" task 1.
+    raise ClusterError('TF_CONFIG cannot be read as a cluster (its "task" "index" is %s, not '
+                       'a whole number); give each job a list of "host:port" strings and the '
+                       'task an integer "index", as in %s'
+                       % (json.dumps(index), TF_CONFIG_EXAMPLE))
   with _environment(environ, ['TF_CONFIG']):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     try:
@@ -551,10 +560,23 @@ def _slurm_step(environ, num_ps):
   if not 0 <= rank < num_tasks:
     raise ClusterError('SLURM_PROCID is %d, not a task of the step\'s '
                        'SLURM_STEP_NUM_TASKS=%d (0..%d)' % (rank, num_tasks, num_tasks - 1))
+  if num_tasks > SLURM_MAX_TASKS:
+    raise ClusterError('SLURM_STEP_NUM_TASKS is %d: more than the %d tasks dist_train.py '
+                       'runs in one step (SLURM_MAX_TASKS in distributed/cluster_env.py); '
+                       'ask srun for fewer --ntasks' % (num_tasks, SLURM_MAX_TASKS))
   nodelist = environ['SLURM_STEP_NODELIST']
+  per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
+  # Counted before either list is expanded: n[1-3000000000] would fill the memory.
+  for name, count, what in (('SLURM_STEP_NODELIST', _hostlist_size(nodelist), 'nodes'),
+                            ('SLURM_STEP_TASKS_PER_NODE', _tasks_per_node_size(per_node_text),
+                             'node counts')):
+    if count is not None and count > num_tasks:
+      raise ClusterError('%s=%r lists %d %s, more than the step\'s SLURM_STEP_NUM_TASKS=%d '
+                         'tasks (every node runs one at least); run the tasks under one '
+                         'srun, which sets them together'
+                         % (name, environ[name][:200], count, what, num_tasks))
   nodes = _slurm_list(environ, 'SLURM_STEP_NODELIST', slurm_cluster_resolver.expand_hostlist,
                       'a Slurm host list such as node[01-04],gpu7')
-  per_node_text = environ['SLURM_STEP_TASKS_PER_NODE']
   tasks_per_node = _slurm_list(environ, 'SLURM_STEP_TASKS_PER_NODE',
                                slurm_cluster_resolver.expand_tasks_per_node,
                                'a Slurm task count list such as 2(x3),1')
@@ -566,6 +588,39 @@ def _slurm_step(environ, num_ps):
                            nodelist, len(nodes), per_node_text, sum(tasks_per_node),
                            num_tasks))
   return num_tasks, rank, nodes, tasks_per_node
+
+
+def _hostlist_size(hostlist):
+  """How many hosts a Slurm host list (n[1-3,7],gpu[01-02]x) names, without naming
+  them; None when it is malformed (expand_hostlist then says so)."""
+  host = r'[^,\[\]]*(?:\[([^\]]+)\])?'  # a prefix, then a bracketed range list or none
+  if not re.fullmatch(r'%s(?:,%s)*' % (host, host), hostlist):
+    return None
+  count = 0
+  for found in re.finditer(host + r'(?:,|$)', hostlist):
+    if not found.group():
+      continue
+    if found.group(1) is None:
+      count += 1
+      continue
+    for item in found.group(1).split(','):
+      ends = item.split('-')
+      if len(ends) > 2 or not all(end.isdigit() for end in ends):
+        return None
+      count += max(0, int(ends[-1]) - int(ends[0]) + 1)
+  return count
+
+
+def _tasks_per_node_size(tasks_per_node):
+  """How many node counts a Slurm task count list (2(x3),1) expands to; None when
+  malformed (expand_tasks_per_node then says so)."""
+  count = 0
+  for part in tasks_per_node.split(','):
+    found = re.fullmatch(r'\d+(?:\(x(\d+)\))?', part)
+    if found is None:
+      return None
+    count += int(found.group(1) or 1)
+  return count
 
 
 def _slurm_list(environ, name, expand, what):

@@ -1,10 +1,13 @@
 """cifar10_input: the record reader, the file checks, the pipelines and the download."""
 import hashlib
 import io
+import itertools
 import os
+import re
 import shutil
 import subprocess
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ import tensorflow as tf
 
 import cifar10_input
 import helpers
+from training import input_lib
 
 
 def _run(tensors):
@@ -217,7 +221,8 @@ def test_existing_batches_dir_with_truncated_file_stops_and_keeps_it(tmp_path):
   path = tmp_path / 'cifar-10-batches-bin' / 'data_batch_3.bin'
   path.write_bytes(path.read_bytes()[:-1])
   with pytest.raises(cifar10_input.DataError, match='data_batch_3.bin has 12291 bytes'):
-    cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none', 'x')
+    cifar10_input.maybe_download_and_extract(str(tmp_path), 'http://127.0.0.1:9/none',
+                                             '0' * 32)
   assert path.stat().st_size == 12291  # left as it was, for the user to look at
 
 
@@ -266,6 +271,119 @@ def test_download_unreachable_url_names_it_and_leaves_no_file(tmp_path, case):
     with pytest.raises(cifar10_input.DataError, match='cannot download ' + target):
       cifar10_input.maybe_download_and_extract(str(data_dir), target, '0' * 32)
   assert not os.path.exists(data_dir)  # created for the download, removed with it
+
+
+# ---- A hostile server: no end, no Content-Length, a drip, silence -----------------
+
+CAP = 1000000  # bytes: the tests' official size, or a copy of your own's cap
+
+
+def _endless(most=50 * CAP):  # without the cap, the download stops only here
+  return lambda: itertools.repeat(b'\0' * (1 << 16), most >> 16)
+
+
+@pytest.mark.parametrize('own_copy', [False, True], ids=['official', 'own-copy'])
+def test_download_endless_stream_without_length_stops_at_the_cap_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch, own_copy):
+  monkeypatch.setattr(cifar10_input, 'DATA_BYTES', CAP)
+  monkeypatch.setattr(cifar10_input, 'OWN_COPY_MAX_BYTES', CAP, raising=False)
+  data_dir = tmp_path / 'data'
+  with helpers.serve_stream({}, _endless()) as url:
+    with pytest.raises(cifar10_input.DataError) as e:
+      cifar10_input.maybe_download_and_extract(
+          str(data_dir), url + 'cifar-10-binary.tar.gz',
+          '0' * 32 if own_copy else cifar10_input.DATA_MD5)
+  assert str(e.value).startswith('%scifar-10-binary.tar.gz sent more than %d bytes, the most '
+                                 'expected (%s' % (url, CAP, 'a copy of your own' if own_copy
+                                                   else 'the official file'))
+  assert 'partial file is removed' in str(e.value) and '\n' not in str(e.value)
+  out = capsys.readouterr().out
+  shown = '>> Downloading cifar-10-binary.tar.gz ' + ('(' if own_copy else '0.0% (0.0 of 1.0 MB)')
+  assert shown in out
+  assert not os.path.exists(data_dir)  # no partial file; the directory made for it removed
+
+
+@pytest.mark.parametrize('case', ['drip', 'silence'])
+def test_download_drip_or_silence_stops_at_its_deadline_and_leaves_nothing(tmp_path, capsys,
+                                                                          case):
+  data_dir = tmp_path / 'data'
+  # The drip: a byte every 0.2 s, never 1 s without one, for 20 s.
+  chunks = helpers.drip(0.2, 100) if case == 'drip' else helpers.drip(20, 1)
+  deadlines = input_lib.Deadlines(total_secs=2, stall_secs=1) if case == 'drip' else (
+      input_lib.Deadlines(total_secs=60, stall_secs=1))
+  with helpers.serve_stream({'Content-Length': '100'}, chunks) as url:
+    start = time.time()
+    with pytest.raises(cifar10_input.DataError) as e:
+      cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz',
+                                               '0' * 32, deadlines)
+    took = time.time() - start
+  expected = ('download of %scifar-10-binary.tar.gz took more than 2 s '
+              '(--download_timeout_secs), 0.0 MB received; the partial file is removed'
+              if case == 'drip' else 'download of %scifar-10-binary.tar.gz stalled: no byte '
+              'came for 1 s (--download_stall_secs); the partial file is removed') % url
+  assert str(e.value).startswith(expected), str(e.value)
+  assert took < 5
+  out = capsys.readouterr().out
+  assert '>> Downloading cifar-10-binary.tar.gz 0.0% (0.0 of 0.0 MB), 0 s' in out
+  if case == 'drip':  # progress as the bytes come, not only at the start
+    assert re.search(r'>> Downloading cifar-10-binary\.tar\.gz \d+\.\d% \(0\.0 of 0\.0 MB\), '
+                     r'[12] s', out), out
+  assert not os.path.exists(data_dir)
+
+
+@pytest.mark.parametrize('length', ['abc', '-5', '1e6'])
+def test_download_malformed_content_length_refused_in_one_line(tmp_path, length):
+  data_dir = tmp_path / 'data'
+  with helpers.serve_stream({'Content-Length': length}, lambda: [b'x' * 10]) as url:
+    with pytest.raises(cifar10_input.DataError) as e:
+      cifar10_input.maybe_download_and_extract(str(data_dir), url + 'a.tar.gz', '0' * 32)
+  assert str(e.value).startswith('%sa.tar.gz sent Content-Length %r, not a number of bytes'
+                                 % (url, length))
+  assert not os.path.exists(data_dir)
+
+
+def test_download_content_length_beyond_the_cap_refused_before_any_byte(tmp_path,
+                                                                       monkeypatch):
+  monkeypatch.setattr(cifar10_input, 'OWN_COPY_MAX_BYTES', CAP, raising=False)
+  with helpers.serve_stream({'Content-Length': str(CAP + 1)}, _endless()) as url:
+    with pytest.raises(cifar10_input.DataError, match='announces %d bytes' % (CAP + 1)):
+      cifar10_input.maybe_download_and_extract(str(tmp_path / 'data'), url + 'a.tar.gz',
+                                               '0' * 32)
+  assert not os.path.exists(tmp_path / 'data')
+
+
+def test_archive_that_is_a_fifo_refused_in_one_line_without_waiting(tmp_path):
+  (tmp_path / 'data').mkdir()
+  helpers.make_hostile(tmp_path / 'data' / 'cifar-10-binary.tar.gz', 'fifo')
+  with pytest.raises(cifar10_input.DataError, match='cifar-10-binary.tar.gz is not a regular '
+                     'file'):
+    helpers.returns_within(10, cifar10_input.maybe_download_and_extract,
+                           str(tmp_path / 'data'), 'http://127.0.0.1:9/cifar-10-binary.tar.gz',
+                           unblock=helpers.unblock_fifo(
+                               tmp_path / 'data' / 'cifar-10-binary.tar.gz'))
+
+
+@pytest.mark.parametrize('md5', ['not-an-md5', 'f' * 31, 'f' * 33, 'g' * 32])
+def test_data_md5_not_32_hex_digits_refused_in_one_line(sample, md5, capsys):
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(sample.dir, None, md5)
+  assert str(e.value).startswith('--data_md5=%s is not an md5 (32 hex digits)' % md5)
+  assert md5 not in capsys.readouterr().out  # never printed as the copy's md5
+
+
+def test_download_archive_missing_a_member_names_the_archive_not_a_temporary_dir(tmp_path):
+  served = tmp_path / 'served'
+  served.mkdir()
+  members = [m for m in _dataset_members(records_per_file=5)
+             if not m[0].endswith('data_batch_3.bin')]
+  md5 = _make_tarball(str(served / 'cifar-10-binary.tar.gz'), members)
+  data_dir = tmp_path / 'data'
+  with helpers.serve(served) as url, pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(str(data_dir), url + 'cifar-10-binary.tar.gz', md5)
+  assert str(e.value) == ('%s has no cifar-10-batches-bin/data_batch_3.bin: it is not a whole '
+                          'CIFAR-10 binary archive. Remove it to download it again, or check '
+                          '--data_url.' % (data_dir / 'cifar-10-binary.tar.gz'))
+  assert helpers.tree(data_dir) == ['cifar-10-binary.tar.gz']  # no temporary directory left
 
 
 # ---- Bad data found before training ------------------------------------------------

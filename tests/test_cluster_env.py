@@ -294,6 +294,44 @@ def test_from_slurm_broken_raises_one_line_naming_variable(tmp_path, change, num
   assert '\n' not in message
 
 
+@pytest.mark.parametrize('change, named', [
+    ({'SLURM_STEP_NODELIST': 'n[1-3000000000]'},
+     "SLURM_STEP_NODELIST='n[1-3000000000]' lists 3000000000 nodes, more than the step's "
+     'SLURM_STEP_NUM_TASKS=3 tasks'),
+    ({'SLURM_STEP_TASKS_PER_NODE': '1(x3000000000)'},
+     "SLURM_STEP_TASKS_PER_NODE='1(x3000000000)' lists 3000000000 node counts"),
+    ({'SLURM_STEP_NUM_TASKS': '3000000000', 'SLURM_STEP_NODELIST': 'n[1-3000000000]',
+      'SLURM_STEP_TASKS_PER_NODE': '1(x3000000000)'},
+     'SLURM_STEP_NUM_TASKS is 3000000000: more than the 65536 tasks'),
+], ids=['nodelist', 'tasks_per_node', 'num_tasks'])
+def test_from_slurm_huge_lists_refused_in_one_line_before_expanding(tmp_path, change, named):
+  env = dict(slurm(0, tmp_path), **change)
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    helpers.returns_within(10, cluster_env.from_slurm, 1, SLURM_PORT, env)
+  assert str(raised.value).startswith(named) and '\n' not in str(raised.value)
+
+
+SLURM_PORT = cluster_env.SLURM_PORT_BASE
+
+
+@pytest.mark.parametrize('index', [0.5, True, '1', 1.0])
+def test_from_tf_config_task_index_not_an_integer_refused_in_one_line(index):
+  text = json.dumps({'cluster': {'ps': [PS], 'worker': [W0, W1]},
+                     'task': {'type': 'worker', 'index': index}})
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_tf_config({'TF_CONFIG': text})
+  assert str(raised.value).startswith('TF_CONFIG cannot be read as a cluster (its "task" '
+                                      '"index" is %s, not a whole number)' % json.dumps(index))
+
+
+def test_from_tf_config_nested_200000_deep_is_one_line_not_a_recursion_error():
+  text = '{"cluster": {"ps": [%s]}}' % ('[' * 200000 + ']' * 200000)
+  with pytest.raises(cluster_env.ClusterError) as raised:
+    cluster_env.from_tf_config({'TF_CONFIG': text})
+  assert str(raised.value).startswith('TF_CONFIG is not JSON (nested more than 100 levels '
+                                      'deep)')
+
+
 # ---- JobSet ---------------------------------------------------------------------
 
 JS_PS = ['cifar10-dist-ps-0-0.cifar10-dist:2222']

@@ -251,8 +251,8 @@ def test_export_record_lists_every_file_and_directory_written(exported):
     (None, 'it has no assets.extra/export_model.json;'),
     (b'{"written_by": "export_model.py"}', 'is not a record of export_model.py;'),
     (b'not json', 'is not a record of export_model.py;'),
-    (b'{' + b' ' * 70000 + b'}', 'has 70002 bytes, more than a record\'s 65536;'),
-    ('fifo', 'is not a regular file;')],
+    (b'{' + b' ' * 70000 + b'}', 'cannot be read: 70002 bytes, more than the 65536 expected;'),
+    ('fifo', 'cannot be read: not a regular file but a FIFO;')],
     ids=['missing', 'no_listing', 'not_json', 'too_big', 'fifo'])
 def test_check_export_dir_without_valid_record_refuses_overwrite(tmp_path, record, why):
   model = tmp_path / 'model'
@@ -479,3 +479,17 @@ def test_classify_class_names_file_unreadable_is_one_error_naming_it(exported, t
     f.write(b'\xff\xfe not text')
   with pytest.raises(classify.ClassifyError, match='^cannot read %s: ' % re.escape(names_path)):
     classify.load(model_dir)
+
+
+@pytest.mark.parametrize('kind', helpers.HOSTILE_FILES)
+def test_classify_read_image_hostile_file_one_line_without_waiting(tmp_path, kind):
+  path = tmp_path / 'cat.png'
+  helpers.make_hostile(path, kind)
+  with pytest.raises(classify.ClassifyError) as e:
+    helpers.returns_within(10, classify.read_image, str(path), [32, 32, 3],
+                           unblock=helpers.unblock_fifo(path))
+  assert str(e.value) == '%s: cannot read it: %s' % (path, {
+      'fifo': 'not a regular file (a FIFO, a device or a directory)',
+      'dev_zero': 'not a regular file (a FIFO, a device or a directory)',
+      'sparse_3gb': 'more than %d bytes, the most this program reads'
+                    % classify.MAX_IMAGE_BYTES}[kind])

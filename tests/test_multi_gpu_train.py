@@ -5,6 +5,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -182,6 +183,36 @@ def test_failed_download_leaves_no_directories(tmp_path):
   assert str(raised.value).startswith('cannot download %s' % url)
   assert 'python cifar10_input.py --write_sample=' in str(raised.value)  # the offline way in
   assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['ctrl-c', 'sigterm'])
+def test_cli_signal_during_download_stops_at_once_removing_the_partial_file(tmp_path, tasks,
+                                                                           signum):
+  data_dir, train_dir = tmp_path / 'data', tmp_path / 'train'
+  sent = threading.Event()  # once a byte is sent, the first progress line is out
+
+  def chunks():  # 10 MB announced, a byte every 0.5 s: a download that would take 58 days
+    for chunk in helpers.drip(0.5, 200)():
+      yield chunk
+      sent.set()
+  with helpers.serve_stream({'Content-Length': str(10 ** 7)}, chunks) as url:
+    trainer = tasks(_trainer('--data_dir=%s' % data_dir, '--train_dir=%s' % train_dir,
+                             '--data_url=%scifar-10-binary.tar.gz' % url, '--max_steps=5'))
+    helpers.wait_until(sent.is_set, 'the first byte sent', trainer)
+    assert len(os.listdir(data_dir)) == 1  # the partial file
+    trainer.send(signum)
+    assert trainer.finish(timeout=15) == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], (
+        trainer.log())
+  assert trainer.out_lines[-1] == (
+      'Stopped by %s during the download of %scifar-10-binary.tar.gz; the partial file is '
+      'removed; nothing else was written.' % ({signal.SIGINT: 'Ctrl-C',
+                                                signal.SIGTERM: 'SIGTERM'}[signum], url)), (
+                                                    trainer.log())
+  assert trainer.out_lines[-2].startswith('>> Downloading cifar-10-binary.tar.gz 0.0% (0.0 of '
+                                          '10.0 MB), 0 s'), trainer.log()
+  assert 'Traceback' not in trainer.err and 'checkpoint' not in trainer.text, trainer.log()
+  assert os.listdir(tmp_path) == []  # no partial file, and no directory made for it
 
 
 @pytest.mark.parametrize('flag, message', [
@@ -401,6 +432,32 @@ def test_cli_ctrl_c_saves_checkpoint_at_current_step_and_resumes(sample, tmp_pat
   assert ('Resuming from %s/model.ckpt-%d at step %d' % (tmp_path, step, step)
           in capsys.readouterr().out)
   assert helpers.global_step(tmp_path) == step + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('change', ['cut', 'relabelled'])
+def test_cli_data_file_changed_mid_run_stops_in_one_line_after_saving(tmp_path, tasks, change):
+  data = helpers.write_sample(tmp_path / 'data', 40)  # 200 training records: 25 steps an epoch
+  train_dir = tmp_path / 'train'
+  trainer = tasks(_trainer('--batch_size=8', *data.flags, '--train_dir=%s' % train_dir,
+                           '--summary_steps=0', '--log_frequency=1', '--save_every_n_steps=5',
+                           '--max_steps=100000'))
+  trainer.wait_for(lambda line: (m := helpers.LOSS_LINE.match(line)) and int(m.group(1)) >= 6,
+                   'the loss line of step 6')  # step 5 is saved
+  path = os.path.join(data.dir, 'cifar-10-batches-bin', 'data_batch_3.bin')
+  with open(path, 'r+b') as f:
+    if change == 'cut':  # as a copy in progress would leave it
+      f.truncate(os.path.getsize(path) - 1000)
+    else:  # record 0's label byte
+      f.write(bytes([200]))
+  assert trainer.finish() == 1, trainer.log()
+  errors = [line for line in trainer.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and 'Traceback' not in trainer.err, trainer.log()
+  assert errors[0].startswith('error: a data file changed during the run: %s %s' % (
+      path, 'has 121920 bytes' if change == 'cut' else 'record 0 has label 200')), errors[0]
+  step = int(re.search(r'(Saved step|The checkpoint of step) (\d+)', errors[0]).group(2))
+  assert helpers.global_step(train_dir) == step > 5, trainer.log()  # whole: it reads back
+  assert trainer.err_lines[-1] == errors[0], trainer.log()
 
 
 def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path, capsys,

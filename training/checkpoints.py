@@ -11,11 +11,13 @@ import re
 
 import tensorflow as tf
 
-from training.directory import CHECKPOINT_PREFIX, STATE_FILE, entries, remove, write_whole
+from training.directory import (CHECKPOINT_PREFIX, STATE_FILE, entries, read_bounded, remove,
+                                write_whole)
 from training.errors import TrainingError, one_line, os_error
 
 
 CHECKPOINT_INDEX = re.compile(r'model\.ckpt-(\d+)\.index$')  # one file per checkpoint
+STATE_FILE_MAX_BYTES = 1 << 20  # 'checkpoint' names a few paths; larger is not one
 
 
 def checkpoint_step(path):
@@ -30,6 +32,11 @@ def _checkpoints_on_disk(train_dir):
            if found]
   return [os.path.join(train_dir, '%s-%d' % (CHECKPOINT_PREFIX, step))
           for step in sorted(steps, reverse=True)]
+
+
+def saved(train_dir, step):
+  """True when train_dir holds a checkpoint of this global step."""
+  return os.path.exists(os.path.join(train_dir, '%s-%d.index' % (CHECKPOINT_PREFIX, step)))
 
 
 def read_whole(path):
@@ -65,12 +72,12 @@ def read_state_file(train_dir):
          '"%s-<step>"), or remove it; to train from step 0 instead, pass the trainer '
          '--fresh.' % CHECKPOINT_PREFIX)
   try:
-    with open(state_file, 'rb') as f:
-      text = f.read().decode('utf-8')
+    text = read_bounded(state_file, STATE_FILE_MAX_BYTES).decode('utf-8')
     state = text_format.Parse(text, checkpoint_management.CheckpointState())
   except (OSError, UnicodeDecodeError, text_format.ParseError) as e:
     raise TrainingError('%s cannot be read as a checkpoint state file (%s). %s'
-                        % (state_file, one_line(e), fix)) from None
+                        % (state_file, e.strerror if isinstance(e, OSError) else one_line(e),
+                           fix)) from None
   if not state.model_checkpoint_path:
     raise TrainingError('%s names no checkpoint (it is empty or has no '
                         'model_checkpoint_path). %s' % (state_file, fix))

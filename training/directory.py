@@ -1,4 +1,5 @@
-"""The training directory: its checks, its lock (one trainer per directory), its files.
+"""The training directory: its checks, its lock (one trainer per directory), its files;
+and how every program reads a file a user can put anything at: read_bounded, parse_json.
 
 The directory's own files are found by listing it and matching their names,
 never by a glob of its path: a --train_dir such as runs/g[12] must not reach
@@ -9,7 +10,9 @@ import contextlib
 import errno
 import fcntl
 import fnmatch
+import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -22,6 +25,7 @@ STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the la
 LOCK_FILE = '.lock'               # held by the running trainer; holds its PID
 GLOB_CHARACTERS = '*?[\\'         # TensorFlow's checkpoint reader expands these in a path
 TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
+MAX_JSON_DEPTH = 100              # levels of [ and {: a run record has 4, TF_CONFIG 3
 
 
 def check_train_dir(train_dir):
@@ -117,6 +121,69 @@ def write_whole(path, text):
     with contextlib.suppress(OSError):
       os.remove(tmp_path)
     raise
+
+
+def read_bounded(path, max_bytes, follow_links=True):
+  """The bytes of the regular file at path, read whole: never more than max_bytes, and
+  never a wait.
+
+  Opened with O_NONBLOCK and checked before any read: a FIFO (whose read waits for a
+  writer forever), a device (/dev/zero, or a link to it, never ends) or a file larger
+  than max_bytes (a sparse 20 GB file reads as 20 GB of zeros) is refused. Every file a
+  program reads whole from a place a user fills (run records, the checkpoint state
+  file, an export's record, images, class names) is read here.
+
+  Args:
+    follow_links: False refuses a symbolic link too (O_NOFOLLOW).
+
+  Raises:
+    OSError: its strerror says what is wrong, for a one-line message ('not a regular
+      file but a FIFO', '21474836480 bytes, more than the 1048576 expected', the OS's).
+  """
+  fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
+  with os.fdopen(fd, 'rb') as f:
+    mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
+    if not stat.S_ISREG(mode):
+      raise OSError(errno.EINVAL, 'not a regular file but %s' % _kind(mode), path)
+    if size > max_bytes:
+      raise OSError(errno.EFBIG, '%d bytes, more than the %d expected' % (size, max_bytes),
+                    path)
+    data = f.read(max_bytes + 1)
+  if len(data) > max_bytes:  # it grew as it was read
+    raise OSError(errno.EFBIG, 'more than the %d bytes expected' % max_bytes, path)
+  return data
+
+
+def _kind(mode):
+  for test, name in ((stat.S_ISFIFO, 'a FIFO'), (stat.S_ISCHR, 'a character device'),
+                     (stat.S_ISBLK, 'a block device'), (stat.S_ISSOCK, 'a socket'),
+                     (stat.S_ISDIR, 'a directory')):
+    if test(mode):
+      return name
+  return 'a special file'
+
+
+# A JSON string, whole (escapes included), or a bracket outside any string.
+_JSON_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def parse_json(text, max_depth=MAX_JSON_DEPTH):
+  """json.loads, after checking that its brackets nest at most max_depth deep: Python's
+  parser recurses, and 200,000 levels end in a RecursionError, not a ValueError.
+
+  Raises:
+    ValueError: not JSON (json.JSONDecodeError), or nested too deep.
+  """
+  depth = 0
+  for found in _JSON_BRACKETS.finditer(text):
+    bracket = found.group()
+    if bracket in '[{':
+      depth += 1
+      if depth > max_depth:
+        raise ValueError('nested more than %d levels deep' % max_depth)
+    elif bracket in ']}':
+      depth -= 1
+  return json.loads(text)
 
 
 def entries(train_dir):

@@ -12,6 +12,7 @@ import signal
 import sys
 
 from training import input_lib
+from training import signals
 
 
 PEER_GONE_EXIT_CODE = 138  # 128 + SIGUSR1: "restart me"; Kubeflow retries codes >= 128
@@ -43,7 +44,8 @@ def one_line_errors():
 
   TrainingError and DataError print `error: <message>` and exit 1, PeerGone the
   same with PEER_GONE_EXIT_CODE; Stopped exits with its code (130, 143), the
-  trainer having said where it stopped. A second Ctrl-C needs no clause:
+  trainer having said where it stopped; signals.Interrupted (a signal before the first
+  step) says where it stopped, then exits with its code. A second Ctrl-C needs no clause:
   StopSignals exits at once.
   """
   try:
@@ -53,6 +55,12 @@ def one_line_errors():
     sys.exit(PEER_GONE_EXIT_CODE)
   except (TrainingError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
+  except signals.Interrupted as e:  # before the first step (StopSignals.raising)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as below
+    print('Stopped by %s %s.' % (e.name, 'during %s; nothing else was written' % e.during
+                                 if e.during else 'before the first step; nothing was written'),
+          flush=True)
+    sys.exit(e.exit_code)
   except Stopped as e:
     # Exiting already: a repeated SIGTERM (an orchestrator's, a launcher's) must not
     # turn the exit into death by a signal. Ignored, it stays ignored through the

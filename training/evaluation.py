@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from training import input_lib
 from training import onednn
-from training import checkpoints, errors, summaries
+from training import checkpoints, errors, settings, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -48,6 +48,9 @@ def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
                       'Where the trainer writes checkpoints (its --train_dir).')
   flags.DEFINE_string('data_dir', data_dir, 'The data set\'s files.')
   flags.DEFINE_string('data_url', data_url, 'Where to download the data.')
+  settings.define_download_flags()
+  for name in ('download_timeout_secs', 'download_stall_secs'):
+    flags.declare_key_flag(name)  # this module's key flags, which the program's --helpshort lists
   if archive_md5:
     flags.DEFINE_string('data_md5', None, 'md5 of the archive at --data_url, for a copy '
                         'of your own (default: the official archive\'s).')
@@ -128,8 +131,10 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
 # What main() reads of the flags, for a program that has its own (dist_train.py's evaluator).
 Options = collections.namedtuple('Options', [
     'checkpoint_dir', 'eval_dir', 'data_dir', 'data_url', 'data_md5', 'eval_interval_secs',
-    'batch_size', 'eval_data', 'run_once', 'use_moving_averages'],
-    defaults=('test', False, True))
+    'batch_size', 'eval_data', 'run_once', 'use_moving_averages', 'download_timeout_secs',
+    'download_stall_secs'],
+    defaults=('test', False, True, input_lib.DOWNLOAD_TIMEOUT_SECS,
+              input_lib.DOWNLOAD_STALL_SECS))
 
 
 def main(options, model, data_input, trainer_command,
@@ -152,7 +157,8 @@ def main(options, model, data_input, trainer_command,
   signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   writer = None
   try:
-    data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None))
+    data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None),
+                       settings.deadlines(options))
     writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
   except (EvalError, input_lib.DataError) as e:
     sys.exit('error: %s' % e)
@@ -180,6 +186,10 @@ def check_flags(options):
     sys.exit('error: --eval_interval_secs must be 1..%d (1 s to a week), got %d; give the '
              'seconds between looks for a new checkpoint' % (MAX_EVAL_INTERVAL_SECS,
                                                               options.eval_interval_secs))
+  for name, value in zip(('download_timeout_secs', 'download_stall_secs'),
+                         settings.deadlines(options)):
+    if value < 1:
+      sys.exit('error: --%s must be at least 1, got %d' % (name, value))
   if os.path.exists(options.checkpoint_dir) and not os.path.isdir(options.checkpoint_dir):
     sys.exit('error: --checkpoint_dir=%s is a file, not a directory; point it at the '
              'trainer\'s --train_dir' % options.checkpoint_dir)

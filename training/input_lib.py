@@ -3,20 +3,25 @@ the clean-up after a killed one, the seeded order of samples, and the synthetic 
 
 cifar10_input.py and mnist_input.py use these; nothing here knows a data set.
 """
+import collections
 import hashlib
 import http.client
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-DOWNLOAD_TIMEOUT_SECS = 60   # a read that stalls this long stops the download
+DOWNLOAD_TIMEOUT_SECS = 4 * 3600  # a whole download; 170 MB at 100 kbit/s takes 3.8 h
+DOWNLOAD_STALL_SECS = 120         # no byte for this long stops the download
+PROGRESS_SECS = 10                # the progress line is shown again at least this often
 
 
 class DataError(Exception):
@@ -26,11 +31,21 @@ class DataError(Exception):
 # ---- The download ------------------------------------------------------------------
 
 def md5_of(path):
+  """The md5 of the file at path, streamed; DataError for a FIFO or a device, whose
+  read would wait forever or never end."""
+  check_regular(path)
   digest = hashlib.md5()
   with open(path, 'rb') as f:
     for chunk in iter(lambda: f.read(1 << 20), b''):
       digest.update(chunk)
   return digest.hexdigest()
+
+
+def check_regular(path):
+  """Raises DataError unless path (followed through links) is a regular file."""
+  if os.path.exists(path) and not os.path.isfile(path):
+    raise DataError('%s is not a regular file (a FIFO, a device or a directory), so it is '
+                    'not read. Remove it; the program downloads or writes its own.' % path)
 
 
 def temp_file(directory, prefix):
@@ -59,33 +74,54 @@ def part_prefix(name):
   return '.%s.%d.' % (name, os.getpid())
 
 
-def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint=''):
+Deadlines = collections.namedtuple('Deadlines', [
+    'total_secs',  # the whole download (--download_timeout_secs)
+    'stall_secs',  # no byte for this long (--download_stall_secs)
+], defaults=(DOWNLOAD_TIMEOUT_SECS, DOWNLOAD_STALL_SECS))
+
+Limit = collections.namedtuple('Limit', [
+    'bytes',  # int: the most a download may write
+    'why',    # str: where that number comes from, for the message
+])
+
+
+def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint='',
+             limit=None, deadlines=Deadlines()):
   """Streams url to a temporary file beside `path`, verifies it, renames it to path.
 
-  On any failure the temporary file is removed and `path` is not created.
+  Bounded whatever the server does: no more than the limit's bytes are written,
+  and the download stops after deadlines.total_secs, or when no byte came for
+  deadlines.stall_secs. On any failure, and on Ctrl-C or SIGTERM (a
+  KeyboardInterrupt: signals.Interrupted), the temporary file is removed and
+  `path` is not created.
 
   Args:
     url: str.
     path: str, where the verified file goes.
     md5: str, its expected md5.
-    expected_bytes: int or None, its expected size.
+    expected_bytes: int or None, its exact size when known (an official file).
     offline_hint: str, a sentence for the message when the download fails.
     mismatch_hint: str, a sentence for the message when size or md5 differ.
+    limit: a Limit; None: expected_bytes (then required).
+    deadlines: Deadlines.
 
   Raises:
     DataError: naming the URL, what went wrong and what to do.
   """
   name, directory = os.path.basename(path), os.path.dirname(path)
+  limit = limit or Limit(expected_bytes, 'the official file\'s size')
   try:
     fd, tmp_path = temp_file(directory, part_prefix(name))
   except OSError as e:
     raise DataError('cannot write into --data_dir %s: %s. Point --data_dir at a directory '
                     'you can write to.' % (directory, e.strerror)) from None
+  wait = min(deadlines.stall_secs, deadlines.total_secs)
   try:
     with os.fdopen(fd, 'wb') as out:
-      received, digest, length = _stream(url, out, name, expected_bytes)
-    if length and received != int(length):
-      raise DataError('download of %s stopped after %d of %s bytes; run again to '
+      received, digest, length = _stream(url, out, name, expected_bytes, limit, deadlines,
+                                         mismatch_hint)
+    if length is not None and received != length:
+      raise DataError('download of %s stopped after %d of %d bytes; run again to '
                       'retry.' % (url, received, length))
     if expected_bytes and received != expected_bytes:
       raise DataError('%s gave %d bytes; the official file has %d. Check --data_url. %s'
@@ -94,38 +130,107 @@ def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint
       raise DataError('%s has md5 %s; expected %s. The copy is damaged or different: '
                       'check --data_url. %s' % (url, digest, md5, mismatch_hint))
     os.replace(tmp_path, path)
+  except socket.timeout:  # before urllib's URLError: it may wrap one too
+    os.remove(tmp_path)
+    raise DataError('download of %s stalled: no byte came for %d s (--download_stall_secs); '
+                    'the partial file is removed. Run again to retry, raise '
+                    '--download_stall_secs on a slow link, or point --data_url at another '
+                    'copy.' % (url, wait)) from None
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
     os.remove(tmp_path)
+    if isinstance(getattr(e, 'reason', None), socket.timeout):
+      raise DataError('cannot download %s: no answer within %d s (--download_stall_secs). '
+                      'Check the network, point --data_url at another copy, or put %s in '
+                      '%s yourself. %s' % (url, wait, name, directory, offline_hint)) from None
     raise DataError('cannot download %s: %s. Check the network, point --data_url at '
                     'another copy, or put %s in %s yourself. %s'
                     % (url, getattr(e, 'reason', e), name, directory, offline_hint)) from e
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Interrupted
+    os.remove(tmp_path)
+    e.during = 'the download of %s; the partial file is removed' % url
+    raise
   except BaseException:
     os.remove(tmp_path)
     raise
   print('Downloaded %s, %d bytes, md5 %s' % (path, received, md5))
 
 
-def _stream(url, out, name, expected_bytes):
-  """Copies url into the open file `out`, showing progress.
+def _stream(url, out, name, expected_bytes, limit, deadlines, mismatch_hint):
+  """Copies url into the open file `out` within limit and deadlines, showing progress.
+
+  Each read returns what has arrived (read1, not read, which waits for a whole
+  chunk), so the deadline is checked, and progress shown, however slowly bytes come.
 
   Returns:
-    (bytes received, their md5, the Content-Length header or None).
+    (bytes received, their md5, the Content-Length or None).
+
+  Raises:
+    DataError: a malformed Content-Length, more bytes than the limit, past the deadline.
+    socket.timeout: no byte for deadlines.stall_secs (the socket's timeout).
   """
-  digest, received, shown = hashlib.md5(), 0, -1
-  with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_SECS) as response:
-    length = response.headers.get('Content-Length')
-    total = int(length) if length else expected_bytes
-    for chunk in iter(lambda: response.read(1 << 16), b''):
-      out.write(chunk)
-      digest.update(chunk)
-      received += len(chunk)
-      if total and int(1000 * received / total) != shown:
-        shown = int(1000 * received / total)
-        sys.stdout.write('\r>> Downloading %s %.1f%% (%.1f of %.1f MB)' % (
-            name, shown / 10.0, received / 1e6, total / 1e6))
-        sys.stdout.flush()
-  sys.stdout.write('\n')
+  digest, received, start = hashlib.md5(), 0, time.monotonic()
+  with urllib.request.urlopen(url, timeout=min(deadlines.stall_secs,
+                                               deadlines.total_secs)) as response:
+    length = _content_length(url, response.headers.get('Content-Length'))
+    if length is not None and length > limit.bytes:
+      raise DataError('%s announces %d bytes (Content-Length), more than the %d expected '
+                      '(%s); nothing was downloaded. Check --data_url. %s'
+                      % (url, length, limit.bytes, limit.why, mismatch_hint))
+    progress = _Progress(name, length or expected_bytes)
+    try:
+      for chunk in iter(lambda: response.read1(1 << 16), b''):
+        received += len(chunk)
+        if received > limit.bytes:
+          raise DataError('%s sent more than %d bytes, the most expected (%s), and was '
+                          'still sending; the partial file is removed. Check --data_url. %s'
+                          % (url, limit.bytes, limit.why, mismatch_hint))
+        out.write(chunk)
+        digest.update(chunk)
+        elapsed = time.monotonic() - start
+        if elapsed > deadlines.total_secs:
+          raise DataError('download of %s took more than %d s (--download_timeout_secs), '
+                          '%.1f MB received; the partial file is removed. Raise '
+                          '--download_timeout_secs on a slow link, or point --data_url at a '
+                          'nearer copy.' % (url, deadlines.total_secs, received / 1e6))
+        progress.show(received, elapsed)
+    finally:  # the line ends whatever stopped it: the next line starts on its own
+      progress.done()
   return received, digest.hexdigest(), length
+
+
+def _content_length(url, header):
+  """The Content-Length header as an int, None without one; DataError when malformed."""
+  if header is None:
+    return None
+  if not header.strip().isdigit():
+    raise DataError('%s sent Content-Length %r, not a number of bytes: the server is '
+                    'broken or not serving a file. Point --data_url at another copy.'
+                    % (url, header))
+  return int(header)
+
+
+class _Progress:
+  """`\r>> Downloading name 12.3% (20.9 of 170.1 MB), 31 s`, or without a size
+  `(20.9 MB), 31 s`: at the start, at each 0.1% (0.1 MB) and every PROGRESS_SECS."""
+
+  def __init__(self, name, total):
+    self._name, self._total = name, total
+    self._mark, self._when = None, 0.0
+    self.show(0, 0.0)
+
+  def show(self, received, elapsed):
+    mark = int(1000 * received / self._total) if self._total else int(received / 1e5)
+    if mark == self._mark and elapsed - self._when < PROGRESS_SECS:
+      return
+    self._mark, self._when = mark, elapsed
+    size = ('%.1f%% (%.1f of %.1f MB)' % (mark / 10.0, received / 1e6, self._total / 1e6)
+            if self._total else '(%.1f MB)' % (received / 1e6))
+    sys.stdout.write('\r>> Downloading %s %s, %d s' % (self._name, size, elapsed))
+    sys.stdout.flush()
+
+  def done(self):
+    sys.stdout.write('\n')
+    sys.stdout.flush()
 
 
 def make_data_dir(data_dir):
@@ -193,6 +298,7 @@ def tfrecords(path):
   Raises:
     DataError: naming the file, the record, its offset and what to do.
   """
+  check_regular(path)  # a FIFO would block TensorFlow's reader forever
   size, offset, index = os.path.getsize(path), 0, 0
   try:
     # tf_record_iterator checks each record's CRCs. It is deprecated in favour of

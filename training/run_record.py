@@ -2,6 +2,7 @@
 import collections
 import datetime
 import json
+import math
 import os
 import re
 import sys
@@ -11,16 +12,27 @@ import tensorflow as tf
 
 from training import mixed_precision
 from training import onednn
-from training.directory import write_whole
-from training.errors import TrainingError
+from training.directory import parse_json, read_bounded, write_whole
+from training.errors import TrainingError, one_line
 
 RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')  # write_run_record's names
+RECORD_MAX_BYTES = 1 << 20  # a record has a few KB; a larger file is not compared with
 
 
 def constants_of(module):
-  """The module's UPPER_CASE constants of plain types: {name: value}."""
+  """The module's UPPER_CASE constants of plain types: {name: value}; a dict too
+  (DATASET_DEFAULTS), when JSON can hold it."""
   return {name: value for name, value in sorted(vars(module).items())
-          if name.isupper() and isinstance(value, (bool, int, float, str, list, tuple))}
+          if name.isupper() and (isinstance(value, (bool, int, float, str, list, tuple)) or
+                                 isinstance(value, dict) and _is_json(value))}
+
+
+def _is_json(value):
+  try:
+    json.dumps(value)
+  except (TypeError, ValueError):
+    return False
+  return True
 
 
 def write_run_record(train_dir, record):
@@ -93,16 +105,19 @@ def write_and_compare(train_dir, record):
 def changes_since(train_dir, record):
   """'changed since run-<...>.json: NAME old -> new (file); --flag old -> new', naming
   what differs from the newest run record already in train_dir; None when nothing
-  does, or there is no earlier record (or none that reads as JSON)."""
+  does, or there is no earlier record. A file of that name that is no record to read
+  (not JSON, a FIFO, a device, too large, nested too deep) is not compared with, in a
+  line that says why (directory.read_bounded)."""
   previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
                                       else []) if RECORD_NAME.match(name))
   if not previous:
     return None
+  path = os.path.join(train_dir, previous[-1])
   try:
-    with open(os.path.join(train_dir, previous[-1])) as f:
-      old = json.load(f)
-  except (OSError, ValueError):
-    return None
+    old = parse_json(read_bounded(path, RECORD_MAX_BYTES).decode('utf-8'))
+  except (OSError, ValueError) as e:  # ValueError: not UTF-8, not JSON, nested too deep
+    return 'not compared with %s: %s. Remove it if it is not a run record.' % (
+        path, e.strerror if isinstance(e, OSError) else one_line(e))
   if not isinstance(old, dict):  # JSON, but not a run record
     return None
   new = json.loads(json.dumps(record))  # tuples as lists, as the file has them
@@ -111,7 +126,7 @@ def changes_since(train_dir, record):
   for source, constants in new.get('constants', {}).items():
     for name, value in constants.items():
       was = _as_dict(old_constants.get(source)).get(name, value)
-      if was != value:
+      if _differs(was, value):
         changes.append('%s %s -> %s (%s)' % (name, _shown(was), _shown(value), source))
   old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
@@ -120,6 +135,18 @@ def changes_since(train_dir, record):
   if not changes:
     return None
   return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
+
+
+def _differs(was, value):
+  """was != value, except that NaN equals NaN (nested in lists and dicts too): a NaN
+  constant unchanged is not an edit."""
+  if isinstance(was, float) and isinstance(value, float) and math.isnan(was):
+    return not math.isnan(value)
+  if isinstance(was, list) and isinstance(value, list):
+    return len(was) != len(value) or any(map(_differs, was, value))
+  if isinstance(was, dict) and isinstance(value, dict):
+    return was.keys() != value.keys() or any(_differs(was[k], value[k]) for k in was)
+  return was != value
 
 
 def _as_dict(value):

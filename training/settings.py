@@ -14,13 +14,15 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
+from training import input_lib
 from training import onednn
 from training import placement
 
 # ---- The data sets: a model package and an input module each --------------------
 # The model package gives inference(images), loss(logits, labels) and the
 # constants build() reads; the input module gives prepare, train_records,
-# train_dataset, seeded_dataset, synthetic_dataset and eval_dataset. A third
+# train_dataset, seeded_dataset, synthetic_dataset, eval_dataset and
+# check_train_files (a file changed under a running trainer: steps.stop_on_changed_data). A third
 # data set is one more package and one more line here.
 DataSet = collections.namedtuple('DataSet', ['model', 'input'])
 DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, mnist_input)}
@@ -46,6 +48,8 @@ class Settings(typing.NamedTuple):
   synthetic: bool = False
   data_url: str = None
   data_md5: str = None
+  download_timeout_secs: int = input_lib.DOWNLOAD_TIMEOUT_SECS  # a whole download
+  download_stall_secs: int = input_lib.DOWNLOAD_STALL_SECS      # no byte for this long
   seed: int = None                              # int >= 0: the run repeats exactly
   fresh: bool = False
   async_towers: bool = False
@@ -82,6 +86,7 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
   flags.DEFINE_string('data_md5', None, 'cifar10: md5 of the archive at --data_url, for a '
                       'copy of your own (default: the official archive\'s).',
                       flag_values=flag_values)
+  define_download_flags(flag_values)
   flags.DEFINE_integer('log_frequency', log_frequency, 'Steps between loss lines.',
                        flag_values=flag_values)
   flags.DEFINE_integer('summary_steps', summary_steps, 'Steps between summaries; 0: none.',
@@ -108,6 +113,24 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
                        'order, distortions) so that the same command repeats exactly, '
                        'whatever the towers, and a resumed run equals an uninterrupted one.',
                        flag_values=flag_values)
+
+
+def define_download_flags(flag_values=flags.FLAGS):
+  """How long a download of the data set may take: the trainers' and evaluators' flags."""
+  flags.DEFINE_integer('download_timeout_secs', input_lib.DOWNLOAD_TIMEOUT_SECS, 'Seconds a '
+                       'download of the data set may take in all before it stops.',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('download_stall_secs', input_lib.DOWNLOAD_STALL_SECS, 'Seconds a '
+                       'download may wait for its next byte before it stops.',
+                       flag_values=flag_values)
+
+
+def deadlines(values):
+  """The input_lib.Deadlines of a download, from Settings or parsed flags (either
+  missing: input_lib's constant, as for a caller's options without them)."""
+  return input_lib.Deadlines(
+      getattr(values, 'download_timeout_secs', input_lib.DOWNLOAD_TIMEOUT_SECS),
+      getattr(values, 'download_stall_secs', input_lib.DOWNLOAD_STALL_SECS))
 
 
 def _define_session_flags(flag_values):
@@ -148,7 +171,8 @@ def check_trainer_flags(flag_values, also_positive=()):
   """
   fv = flag_values
   for name in ('num_gpus', 'batch_size', 'max_steps', 'log_frequency',
-               'save_every_n_steps') + tuple(also_positive):
+               'save_every_n_steps', 'download_timeout_secs',
+               'download_stall_secs') + tuple(also_positive):
     if fv[name].value < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, fv[name].value))
   if fv.data_md5 and not hasattr(DATASETS[fv.dataset].input, 'DATA_MD5'):

@@ -1,5 +1,6 @@
 """Ctrl-C and SIGTERM: the trainer finishes its step, saves, and exits 130 or 143; a
-program with no step loop (the exporter) stops where it is and removes what it was writing.
+program with no step loop (the exporter), or the trainer before its first step (the
+download: StopSignals.raising), stops where it is and removes what it was writing.
 
 A second Ctrl-C exits at once; a second SIGTERM changes nothing (StopSignals).
 """
@@ -80,6 +81,7 @@ class StopSignals:
     self.signum = _early[0] if _early else None  # heard while the program started
     self._train_dir = train_dir
     self._said_again = False
+    self._starting = False  # inside raising(): before the first step, nothing to save
     for signum in SIGNAL_EXIT_CODES:
       signal.signal(signum, self._handle)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -89,6 +91,31 @@ class StopSignals:
       signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
       threading.Thread(target=self._exit_on_second, args=(read_fd,), daemon=True,
                        name='StopSignals').start()
+
+  @contextlib.contextmanager
+  def raising(self):
+    """Inside the block Ctrl-C and SIGTERM raise Interrupted where the main thread is,
+    at once: for start-up work that has no step to finish (the data set's download),
+    whose except and finally blocks remove what it was writing. The first signal
+    raises; one more while that clean-up runs is ignored, but a Ctrl-C still exits at
+    once (the thread of train_dir), saying that nothing was saved."""
+    raised = []
+
+    def handle(signum, frame):
+      del frame
+      if not raised:
+        raised.append(signum)
+        self.signum = signum
+        raise Interrupted(signum)
+    self._starting = True
+    for signum in SIGNAL_EXIT_CODES:
+      signal.signal(signum, handle)
+    try:
+      yield
+    finally:
+      for signum in SIGNAL_EXIT_CODES:
+        signal.signal(signum, self._handle)
+      self._starting = False
 
   def _handle(self, signum, frame):
     del frame
@@ -112,9 +139,12 @@ class StopSignals:
           if self.signum is None:
             self.signum = signum
         elif signum == signal.SIGINT:
-          line = ('Stopped by %s without saving; the last checkpoint in %s is untouched.\n'
-                  % ('a second Ctrl-C' if first == signal.SIGINT else 'Ctrl-C after SIGTERM',
-                     self._train_dir))
+          which = 'a second Ctrl-C' if first == signal.SIGINT else 'Ctrl-C after SIGTERM'
+          line = ('Stopped by %s before the first step; nothing was saved (the next run '
+                  'removes what a download or extraction left).\n' % which
+                  if self._starting else
+                  'Stopped by %s without saving; the last checkpoint in %s is untouched.\n'
+                  % (which, self._train_dir))
           os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock
           os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
         else:
@@ -141,7 +171,8 @@ class StopSignals:
 
 
 class Interrupted(KeyboardInterrupt):
-  """Ctrl-C or SIGTERM, raised in the main thread by raise_on_signals' handler.
+  """Ctrl-C or SIGTERM, raised in the main thread by raise_on_signals' handler, or
+  StopSignals.raising()'s.
 
   A KeyboardInterrupt, so that the finally blocks and `except KeyboardInterrupt` of
   the code it interrupts treat SIGTERM as they treat Ctrl-C.
@@ -153,6 +184,8 @@ class Interrupted(KeyboardInterrupt):
     self.name = SIGNAL_NAMES[signum]
     self.exit_code = SIGNAL_EXIT_CODES[signum]
     self.finished = False  # set by the code it stopped when its work was whole by then
+    self.during = None     # set by the code it stopped: 'the download of URL; the partial
+                           # file is removed', for the line that says where it stopped
 
 
 class _Raising:

@@ -1,5 +1,6 @@
 """Everything that can stop a run before its first step, and the lines it starts with."""
 import collections
+import contextlib
 import os
 
 import numpy as np
@@ -7,6 +8,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import directory
+from training import input_lib
 from training import memory_check
 from training import mixed_precision
 from training import onednn
@@ -21,7 +23,7 @@ TrainRun = collections.namedtuple('TrainRun', [
 ])
 
 
-def start(exit_stack, settings, data_input, stop_when_done=True):
+def start(exit_stack, settings, data_input, stop_when_done=True, stop=None):
   """Checks, lock and resume point: everything that can stop a run before it starts.
 
   Nothing is created until every check has passed: a run that cannot start
@@ -30,6 +32,8 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
   when exit_stack (a contextlib.ExitStack) closes. data_input: the data set's
   input module, whose prepare() downloads and checks the files. Both trainers
   start here (dist_train.py's chief; its other workers only prepare the data).
+  stop: the run's signals.StopSignals, or None: a Ctrl-C or SIGTERM during the
+  download stops it at once (signals.Interrupted), its partial file removed.
 
   Returns:
     a TrainRun, or None when train_dir's checkpoint is already at max_steps and
@@ -50,7 +54,10 @@ def start(exit_stack, settings, data_input, stop_when_done=True):
     print(nothing_to_do(checkpoint, start_step, settings.max_steps))
     return None
   if not settings.synthetic:
-    data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
+    with stop.raising() if stop else contextlib.nullcontext():
+      data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5,
+                         input_lib.Deadlines(settings.download_timeout_secs,
+                                             settings.download_stall_secs))
   if not locked:
     directory.make_train_dir(train_dir)
     exit_stack.enter_context(directory.lock_train_dir(train_dir))

@@ -5,12 +5,16 @@
     print_loss_line(step, loss, examples_per_sec, sec_per_batch)  # the tutorial's line
     crossed(previous, step, every)                 # "every N steps", when steps jump
     stopped(stop, step, start_step)                # after a signal: the line, the exit
+    with stop_on_changed_data(check_files, save): loop(...)  # a data file cut mid-run
 """
+import contextlib
 import datetime
 import sys
 
 import numpy as np
+import tensorflow as tf
 
+from training import input_lib
 from training import mixed_precision
 from training.errors import Stopped, TrainingError
 
@@ -69,3 +73,31 @@ def stopped(stop, step, start_step=None):
   print('Stopped by %s at step %d%s; rerun the same command to resume.' % (
       stop.name, step, ' before any step' if step == start_step else ''), flush=True)
   raise Stopped(stop.exit_code)
+
+
+@contextlib.contextmanager
+def stop_on_changed_data(check_files, save):
+  """Around a step loop: a TensorFlow error from a data file changed under the running
+  trainer (cut, relabelled, removed) stops the run in one line naming the file, once
+  save() has saved the variables, which the failed step left as they were.
+
+  TensorFlow's own error names the file only when it was cut, in a traceback of a
+  hundred lines; a relabelled file fails inside the loss op instead. So after any
+  TensorFlow error the files are checked again as at start-up; an error that is not
+  theirs passes on unchanged.
+
+  Args:
+    check_files: callable raising input_lib.DataError for a bad training file, or
+      False (synthetic input, or records read once at start: nothing on disk to change).
+    save: callable saving the variables; returns the words for what it saved.
+  """
+  try:
+    yield
+  except tf.errors.OpError:
+    if not check_files:
+      raise
+    try:
+      check_files()
+    except input_lib.DataError as bad:
+      raise TrainingError('a data file changed during the run: %s %s' % (bad, save())) from None
+    raise
