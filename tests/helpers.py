@@ -73,6 +73,30 @@ def listed_flags(help_text):
   return set(re.findall(r'^  --(?:\[no\])?(\w+)', help_text, re.M))
 
 
+def sample_commands(printed):
+  """The command lines a sample writer's hint prints (`  python prog.py --flag=value ...`),
+  as (program, {flag: value}) in order."""
+  commands = []
+  for line in printed.splitlines():
+    words = line.split()
+    if line.startswith('  python ') and len(words) > 1:
+      commands.append((words[1], dict(w[2:].split('=', 1) for w in words[2:]
+                                      if w.startswith('--') and '=' in w)))
+  return commands
+
+
+def assert_each_training_evaluated_into_its_own_eval_dir(printed, eval_program):
+  """Every trainer command printed is followed by an eval_program command that reads its
+  --train_dir, and no two evaluations write to one --eval_dir."""
+  commands = sample_commands(printed)
+  train_dirs = [f['train_dir'] for prog, f in commands if 'train_dir' in f]
+  evals = [f for prog, f in commands if prog == eval_program]
+  assert len(train_dirs) == 2, printed
+  assert [f.get('checkpoint_dir') for f in evals] == train_dirs, printed
+  eval_dirs = [f.get('eval_dir') for f in evals]
+  assert None not in eval_dirs and len(set(eval_dirs)) == len(eval_dirs), printed
+
+
 def by_task(lines):
   """{'ps0': [its lines], 'worker0': [...]} from a --local_cluster launcher's output."""
   found = collections.defaultdict(list)
