@@ -365,6 +365,7 @@ def loop(sess, run, graph, settings, stop):
   scale_fetches = list(graph.loss_scale_update[1:]) if graph.loss_scale_update else []
   step = last_summary = start_step
   last_saved = start_step if run.start.checkpoint else None
+  unlogged = None  # the latest step's line when the frequency skipped it: the run's last
   while not stop.requested and step < settings.max_steps:
     # Summaries describe the variables at `step`, before this update.
     summarize = writer and step % settings.summary_steps == 0
@@ -382,8 +383,10 @@ def loop(sess, run, graph, settings, stop):
       continue
     step += 1
     examples_per_sec = graph.examples_per_update / duration
+    unlogged = (step, loss_value, examples_per_sec, duration / settings.num_gpus)
     if step % settings.log_frequency == 0 or step == start_step + 1:
-      steps.print_loss_line(step, loss_value, examples_per_sec, duration / settings.num_gpus)
+      steps.print_loss_line(*unlogged)
+      unlogged = None
     if summarize:  # with examples/sec: the median of the speeds noted since the last
       writer.write_summary(results[3], step - 1)
       last_summary = step - 1
@@ -391,6 +394,8 @@ def loop(sess, run, graph, settings, stop):
       writer.note_speed(examples_per_sec)
     if step % settings.save_every_n_steps == 0:
       last_saved = save(sess, run, step, last_saved)
+  if unlogged:  # every run shows its last step, at --max_steps or stopped by a signal
+    steps.print_loss_line(*unlogged)
   finish(sess, run, graph, writer, last_saved, last_summary, stop)
 
 
@@ -415,6 +420,7 @@ def loop_async(sess, run, graph, settings, stop):
     threads[-1].start()
   step = last_summary = run.start.start_step
   last_saved = step if run.start.checkpoint else None
+  unlogged = None  # tower 0's latest line when the frequency skipped it: shown at the end
   try:
     while not stop.requested and take_update():
       summarize = writer and step % settings.summary_steps == 0
@@ -431,9 +437,11 @@ def loop_async(sess, run, graph, settings, stop):
       if failures:
         raise failures[0]
       examples_per_sec = (step - previous) * graph.examples_per_update / duration
+      unlogged = (step, results[1], examples_per_sec, duration / (step - previous))
       if (steps.crossed(previous, step, settings.log_frequency) or
           previous == run.start.start_step):
-        steps.print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
+        steps.print_loss_line(*unlogged)
+        unlogged = None
       if summarize:
         writer.write_summary(results[3], previous)
         last_summary = previous
@@ -445,6 +453,8 @@ def loop_async(sess, run, graph, settings, stop):
     halt.set()
     for thread in threads:
       thread.join()
+  if unlogged:  # the other towers may have landed the last updates: tower 0's last step
+    steps.print_loss_line(*unlogged)
   step = finish(sess, run, graph, writer, last_saved, last_summary, stop)
   print('updates applied per tower: %s; global step %d' % (', '.join(
       'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
