@@ -24,6 +24,7 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 
@@ -259,21 +260,29 @@ def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar
                          batch_size, summary_op)
 
 
-def train(settings, stop=None, flag_values=None):
+def train(settings, stop=None, flag_values=None, flags_given=()):
   """Trains until global step settings.max_steps, resuming from the latest checkpoint.
 
   Args:
     settings: a training.settings.Settings.
     stop: a signals.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, saves, and errors.Stopped is raised.
-    flag_values: dict, the command line's flags, for the run record.
+    flag_values: dict, the command line's flags, for the run record;
+    flags_given: the names of those set on the command line.
   """
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
     run = startup.start(exit_stack, settings, data.input)
-    if run is None:
-      return
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
+    describe = functools.partial(  # describe(start_step): the run record
+        run_record.describe, {'multi_gpu_train.py': run_record.constants_of(
+            sys.modules[__name__])}, flag_values, settings, devices, data=data,
+        flags_given=flags_given)
+    if run is None:  # nothing to do; what was edited since the last run is still said
+      changed = run_record.changes_since(settings.train_dir, describe(settings.max_steps))
+      if changed:
+        print(changed)
+      return
     epoch = inputs.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       if settings.seed is not None:
@@ -287,7 +296,7 @@ def train(settings, stop=None, flag_values=None):
       graph = build_graph(next_batch, devices, settings.batch_size, epoch.count, data.model,
                           summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16,
                           use_bf16=settings.use_bf16)
-      record = write_start(graph, run, settings, data, devices, where, epoch, flag_values)
+      record = write_start(graph, run, settings, data, where, epoch, describe)
       config = placement.session_config(num_cpu_devices, settings.session)
       all_finite = checkpoints.all_variables_finite()  # what each save checks first
       with open_session(run, config, input_init) as (sess, saver):
@@ -296,15 +305,13 @@ def train(settings, stop=None, flag_values=None):
                  settings, stop or steps.NEVER)
 
 
-def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
+def write_start(graph, run, settings, data, where, epoch, describe):
   """Once the graph is built and its step known to fit in memory: --fresh's move, the
-  run record, the start-up lines. Returns the record."""
+  run record (describe(start_step)), the start-up lines. Returns the record."""
   startup.check_memory(startup.step_fetches(graph, settings.async_towers), settings)
   if settings.fresh:
     directory.set_aside(settings.train_dir)
-  record = run_record.describe(
-      {'multi_gpu_train.py': run_record.constants_of(sys.modules[__name__])},
-      flag_values, settings, devices, run.start_step, data)
+  record = describe(run.start_step)
   run_record.write_and_compare(settings.train_dir, record)
   startup.print_versions(where)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
@@ -503,10 +510,11 @@ def main(argv):
   trainer_settings.check_trainer_flags(FLAGS)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
+  key_flags = FLAGS.get_key_flags_for_module(sys.argv[0])
   with errors.one_line_errors():
     train(trainer_settings.settings_from_flags(FLAGS), stop=stop,
-          flag_values={flag.name: flag.value
-                       for flag in FLAGS.get_key_flags_for_module(sys.argv[0])})
+          flag_values={flag.name: flag.value for flag in key_flags},
+          flags_given=[flag.name for flag in key_flags if flag.present])
 
 
 if __name__ == '__main__':

@@ -466,6 +466,39 @@ def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path,
       n for n in os.listdir(tmp_path) if n.startswith('run-'))[-2][4:]]
 
 
+def test_rerun_constant_edited_and_its_flag_given_says_the_flag_overrides_it(tmp_path, capsys,
+                                                                            monkeypatch):
+  def run(batch_size, given):
+    run.max_steps += 1
+    multi_gpu_train.train(_synthetic(tmp_path, batch_size=batch_size, max_steps=run.max_steps),
+                          flag_values={'batch_size': batch_size}, flags_given=given)
+    return [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith('changed since')]
+  run.max_steps = 0
+
+  assert run(32, ['batch_size']) == []
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 16)
+  [changed] = run(32, ['batch_size'])
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by '
+                          '--batch_size=32'), changed
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 8)  # the flag not given: no such note
+  [changed] = run(8, [])
+  assert changed.endswith(': BATCH_SIZE 16 -> 8 (multi_gpu_train.py); --batch_size 32 -> 8'), (
+      changed)
+
+
+def test_rerun_at_max_steps_with_an_edited_constant_says_nothing_to_do_and_what_changed(
+    tmp_path, capsys, monkeypatch):
+  multi_gpu_train.train(_synthetic(tmp_path, max_steps=1), flag_values={'max_steps': 1})
+  capsys.readouterr()
+  monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
+  multi_gpu_train.train(_synthetic(tmp_path, max_steps=1), flag_values={'max_steps': 1})
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 and 'nothing to do' in lines[0], lines
+  assert re.fullmatch(r'changed since run-\d{8}-\d{6}-step0\.json: INITIAL_LEARNING_RATE '
+                      r'0\.1 -> 0\.05 \(cifar10/model\.py\)', lines[1]), lines
+
+
 def _checked(*argv):
   """check_trainer_flags on this command line: its exit message."""
   with pytest.raises(SystemExit) as stopped:
