@@ -336,21 +336,23 @@ def open_session(run, config, input_init):
   saver = checkpoints.make_saver(tf.compat.v1.global_variables())
   init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(config=config) as sess:
-    if run.checkpoint:
-      try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
-        fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
-      except (tf.errors.OpError, ValueError) as e:
-        raise errors.TrainingError('cannot restore %s into this model: %s Use another '
-                                   '--train_dir, or --fresh to start over.'
-                                   % (run.checkpoint, checkpoints.restore_error(e))) from None
-      print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
-      if fresh:
-        print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
-            run.checkpoint, mixed_precision.INITIAL_LOSS_SCALE))
-    else:
-      sess.run(init)
-      print('Starting from step 0 in %s' % run.train_dir)
-    sess.run(input_init)
+    # --log_device_placement: TensorFlow's lines come in these first runs; then their sum.
+    with placement.placement_summed_up(config.log_device_placement):
+      if run.checkpoint:
+        try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
+          fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
+        except (tf.errors.OpError, ValueError) as e:
+          raise errors.TrainingError('cannot restore %s into this model: %s Use another '
+                                     '--train_dir, or --fresh to start over.'
+                                     % (run.checkpoint, checkpoints.restore_error(e))) from None
+        print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
+        if fresh:
+          print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+              run.checkpoint, mixed_precision.INITIAL_LOSS_SCALE))
+      else:
+        sess.run(init)
+        print('Starting from step 0 in %s' % run.train_dir)
+      sess.run(input_init)
     sys.stdout.flush()
     yield sess, saver
 
