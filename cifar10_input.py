@@ -611,6 +611,8 @@ def main(argv=None):
   parser.add_argument('--write_sample', required=True, metavar='DIR',
                       help='directory to write cifar-10-binary.tar.gz and '
                            'cifar-10-batches-bin/ into')
+  parser.add_argument('--helpshort', action='help',
+                      help='the same as --help: every flag here is this program\'s own')
   parser.add_argument('--records_per_file', type=int, default=SAMPLE_RECORDS_PER_FILE,
                       help='records in each of the six files (default %(default)s)')
   args = parser.parse_args(argv)

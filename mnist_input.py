@@ -439,6 +439,8 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument('--write_sample', required=True, metavar='DIR',
                       help='directory to write train.tfrecords and test.tfrecords into')
+  parser.add_argument('--helpshort', action='help',
+                      help='the same as --help: every flag here is this program\'s own')
   parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS,
                       help='records in train.tfrecords (default %(default)s)')
   parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS,
