@@ -10,6 +10,7 @@ TensorFlow or hides a GPU unless a test asks for it.
 """
 import collections
 import contextlib
+import fcntl
 import glob
 import itertools
 import json
@@ -121,6 +122,36 @@ def write_log(argv, code, text):
     f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
   tail = '\n'.join(text.splitlines()[-TAIL_LINES:])
   return '%s exited with %s; whole log: %s; it ends:\n%s' % (name, code, path, tail)
+
+
+# ---- Setups shared by the whole run ----------------------------------------------------
+
+def once_per_run(tmp_path_factory, name, setup):
+  """setup(directory)'s result, computed once per pytest run, whatever its processes.
+
+  The first xdist process to ask runs setup under a file lock in a directory of this
+  run shared by all its processes; the others wait for the lock and read the result
+  (JSON) it left. A setup that failed fails each asker with its message, which names the
+  log holding the output (write_log), rather than running again.
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):  # each worker's is a subdirectory of the run's
+    root = root.parent
+  directory = root / name
+  directory.mkdir(exist_ok=True)
+  result, failure = directory / 'result.json', directory / 'failure.txt'
+  with open(directory / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not result.exists() and not failure.exists():
+      try:
+        result.write_text(json.dumps(setup(directory)))
+      except BaseException as e:
+        failure.write_text('%s: %s' % (name, e))
+        raise
+  if failure.exists():
+    raise AssertionError('set up once for the whole run, and failed: %s'
+                         % failure.read_text())
+  return json.loads(result.read_text())
 
 
 # ---- Programs that run to the end -------------------------------------------------------
