@@ -639,6 +639,8 @@ def main(argv=None):
   parser.add_argument('--write_sample', required=True, metavar='DIR',
                       help='directory to write cifar-10-binary.tar.gz and '
                            'cifar-10-batches-bin/ into')
+  parser.add_argument('--helpshort', action='help',
+                      help='the same as --help: every flag here is this program\'s own')
   parser.add_argument('--records_per_file', type=int, default=SAMPLE_RECORDS_PER_FILE,
                       help='records in each of the six files (default %(default)s)')
   args = parser.parse_args(argv)
@@ -656,11 +658,13 @@ def main(argv=None):
         '  python multi_gpu_train.py --num_gpus=2 --batch_size=32 --max_steps=400 %s '
         '--train_dir=%s_train\n'
         '  python cifar10_eval.py --run_once %s --checkpoint_dir=%s_train --eval_dir=%s_eval\n'
-        'Or train on 1 ps task and 2 workers on this machine (then evaluate with '
-        '--checkpoint_dir=%s_dist_train):\n'
+        'Or train on 1 ps task and 2 workers on this machine, then evaluate into an event '
+        'folder of its own:\n'
         '  python dist_train.py --local_cluster=1,2 --batch_size=32 --max_steps=400 %s '
-        '--train_dir=%s_dist_train'
-        % (data, data_dir, data, data_dir, data_dir, data_dir, data, data_dir))
+        '--train_dir=%s_dist_train\n'
+        '  python cifar10_eval.py --run_once %s --checkpoint_dir=%s_dist_train '
+        '--eval_dir=%s_dist_eval'
+        % (data, data_dir, data, data_dir, data_dir, data, data_dir, data, data_dir, data_dir))
 
 
 

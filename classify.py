@@ -28,6 +28,8 @@ import sys
 
 try:  # in this project: TensorFlow's start-up notices kept to the log level, once
   from training import prelude
+  if __name__ == '__main__':
+    prelude.answer_help(sys.argv)  # --help exits 0, --helpshort lists --model_dir alone
   prelude.import_tensorflow()
 except ImportError:  # copied beside a model elsewhere: TensorFlow as it comes
   pass

@@ -441,6 +441,8 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument('--write_sample', required=True, metavar='DIR',
                       help='directory to write train.tfrecords and test.tfrecords into')
+  parser.add_argument('--helpshort', action='help',
+                      help='the same as --help: every flag here is this program\'s own')
   parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS,
                       help='records in train.tfrecords (default %(default)s)')
   parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS,
@@ -461,11 +463,13 @@ def main(argv=None):
         '--train_dir=%s_train\n'
         '  python mnist_eval.py --run_once --data_dir=%s --checkpoint_dir=%s_train '
         '--eval_dir=%s_eval\n'
-        'Or train on 1 ps task and 2 workers on this machine (then evaluate with '
-        '--checkpoint_dir=%s_dist_train):\n'
+        'Or train on 1 ps task and 2 workers on this machine, then evaluate into an event '
+        'folder of its own:\n'
         '  python dist_train.py --dataset=mnist --local_cluster=1,2 --data_dir=%s '
-        '--train_dir=%s_dist_train'
-        % (data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir, data_dir))
+        '--train_dir=%s_dist_train\n'
+        '  python mnist_eval.py --run_once --data_dir=%s --checkpoint_dir=%s_dist_train '
+        '--eval_dir=%s_dist_eval'
+        % ((data_dir,) * 10))
 
 
 

@@ -25,6 +25,7 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
 
 import collections
 import contextlib
+import functools
 import threading
 import time
 
@@ -260,21 +261,29 @@ def build_async(next_batch, devices, batch_size, examples_per_epoch, model=cifar
                          batch_size, summary_op)
 
 
-def train(settings, stop=None, flag_values=None):
+def train(settings, stop=None, flag_values=None, flags_given=()):
   """Trains until global step settings.max_steps, resuming from the latest checkpoint.
 
   Args:
     settings: a training.settings.Settings.
     stop: a signals.StopSignals, or None (tests): when it is requested the
       loop ends after the current step, saves, and errors.Stopped is raised.
-    flag_values: dict, the command line's flags, for the run record.
+    flag_values: dict, the command line's flags, for the run record;
+    flags_given: the names of those set on the command line.
   """
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
     run = startup.start(exit_stack, settings, data.input, stop=stop)
-    if run is None:
-      return
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
+    describe = functools.partial(  # describe(start_step): the run record
+        run_record.describe, {'multi_gpu_train.py': run_record.constants_of(
+            sys.modules[__name__])}, flag_values, settings, devices, data=data,
+        flags_given=flags_given)
+    if run is None:  # nothing to do; what was edited since the last run is still said
+      changed = run_record.changes_since(settings.train_dir, describe(settings.max_steps))
+      if changed:
+        print(changed)
+      return
     epoch = inputs.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       if settings.seed is not None:
@@ -288,7 +297,7 @@ def train(settings, stop=None, flag_values=None):
       graph = build_graph(next_batch, devices, settings.batch_size, epoch.count, data.model,
                           summaries=settings.summary_steps > 0, use_fp16=settings.use_fp16,
                           use_bf16=settings.use_bf16)
-      record = write_start(graph, run, settings, data, devices, where, epoch, flag_values)
+      record = write_start(graph, run, settings, data, where, epoch, describe)
       config = placement.session_config(num_cpu_devices, settings.session)
       all_finite = checkpoints.all_variables_finite()  # what each save checks first
       with open_session(run, config, input_init) as (sess, saver):
@@ -301,15 +310,13 @@ def train(settings, stop=None, flag_values=None):
           run_loop(sess, state, graph, settings, stop or steps.NEVER)
 
 
-def write_start(graph, run, settings, data, devices, where, epoch, flag_values):
+def write_start(graph, run, settings, data, where, epoch, describe):
   """Once the graph is built and its step known to fit in memory: --fresh's move, the
-  run record, the start-up lines. Returns the record."""
+  run record (describe(start_step)), the start-up lines. Returns the record."""
   startup.check_memory(startup.step_fetches(graph, settings.async_towers), settings)
   if settings.fresh:
     directory.set_aside(settings.train_dir)
-  record = run_record.describe(
-      {'multi_gpu_train.py': run_record.constants_of(sys.modules[__name__])},
-      flag_values, settings, devices, run.start_step, data)
+  record = describe(run.start_step)
   run_record.write_and_compare(settings.train_dir, record)
   startup.print_versions(where)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
@@ -334,21 +341,23 @@ def open_session(run, config, input_init):
   saver = checkpoints.make_saver(tf.compat.v1.global_variables())
   init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(config=config) as sess:
-    if run.checkpoint:
-      try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
-        fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
-      except (tf.errors.OpError, ValueError) as e:
-        raise errors.TrainingError('cannot restore %s into this model: %s Use another '
-                                   '--train_dir, or --fresh to start over.'
-                                   % (run.checkpoint, checkpoints.restore_error(e))) from None
-      print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
-      if fresh:
-        print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
-            run.checkpoint, mixed_precision.INITIAL_LOSS_SCALE))
-    else:
-      sess.run(init)
-      print('Starting from step 0 in %s' % run.train_dir)
-    sess.run(input_init)
+    # --log_device_placement: TensorFlow's lines come in these first runs; then their sum.
+    with placement.placement_summed_up(config.log_device_placement):
+      if run.checkpoint:
+        try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
+          fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
+        except (tf.errors.OpError, ValueError) as e:
+          raise errors.TrainingError('cannot restore %s into this model: %s Use another '
+                                     '--train_dir, or --fresh to start over.'
+                                     % (run.checkpoint, checkpoints.restore_error(e))) from None
+        print('Resuming from %s at step %d' % (run.checkpoint, run.start_step))
+        if fresh:
+          print('%s holds no loss scale (a float32 run\'s): it starts at %g' % (
+              run.checkpoint, mixed_precision.INITIAL_LOSS_SCALE))
+      else:
+        sess.run(init)
+        print('Starting from step 0 in %s' % run.train_dir)
+      sess.run(input_init)
     sys.stdout.flush()
     yield sess, saver
 
@@ -370,6 +379,7 @@ def loop(sess, run, graph, settings, stop):
   scale_fetches = list(graph.loss_scale_update[1:]) if graph.loss_scale_update else []
   step = last_summary = start_step
   last_saved = start_step if run.start.checkpoint else None
+  unlogged = None  # the latest step's line when the frequency skipped it: the run's last
   while not stop.requested and step < settings.max_steps:
     # Summaries describe the variables at `step`, before this update.
     summarize = writer and step % settings.summary_steps == 0
@@ -387,8 +397,10 @@ def loop(sess, run, graph, settings, stop):
       continue
     step += 1
     examples_per_sec = graph.examples_per_update / duration
+    unlogged = (step, loss_value, examples_per_sec, duration / settings.num_gpus)
     if step % settings.log_frequency == 0 or step == start_step + 1:
-      steps.print_loss_line(step, loss_value, examples_per_sec, duration / settings.num_gpus)
+      steps.print_loss_line(*unlogged)
+      unlogged = None
     if summarize:  # with examples/sec: the median of the speeds noted since the last
       writer.write_summary(results[3], step - 1)
       last_summary = step - 1
@@ -396,6 +408,8 @@ def loop(sess, run, graph, settings, stop):
       writer.note_speed(examples_per_sec)
     if step % settings.save_every_n_steps == 0:
       last_saved = save(sess, run, step, last_saved)
+  if unlogged:  # every run shows its last step, at --max_steps or stopped by a signal
+    steps.print_loss_line(*unlogged)
   finish(sess, run, graph, writer, last_saved, last_summary, stop)
 
 
@@ -430,6 +444,7 @@ def loop_async(sess, run, graph, settings, stop):
     threads[-1].start()
   step = last_summary = run.start.start_step
   last_saved = step if run.start.checkpoint else None
+  unlogged = None  # tower 0's latest line when the frequency skipped it: shown at the end
   try:
     while not stop.requested and take_update():
       summarize = writer and step % settings.summary_steps == 0
@@ -446,9 +461,11 @@ def loop_async(sess, run, graph, settings, stop):
       if failures:
         raise failures[0]
       examples_per_sec = (step - previous) * graph.examples_per_update / duration
+      unlogged = (step, results[1], examples_per_sec, duration / (step - previous))
       if (steps.crossed(previous, step, settings.log_frequency) or
           previous == run.start.start_step):
-        steps.print_loss_line(step, results[1], examples_per_sec, duration / (step - previous))
+        steps.print_loss_line(*unlogged)
+        unlogged = None
       if summarize:
         writer.write_summary(results[3], previous)
         last_summary = previous
@@ -460,6 +477,8 @@ def loop_async(sess, run, graph, settings, stop):
     halt.set()
     for thread in threads:
       thread.join()
+  if unlogged:  # the other towers may have landed the last updates: tower 0's last step
+    steps.print_loss_line(*unlogged)
   step = finish(sess, run, graph, writer, last_saved, last_summary, stop)
   print('updates applied per tower: %s; global step %d' % (', '.join(
       'tower_%d %d' % (i, n) for i, n in enumerate(updates_by_tower)), step))
@@ -508,10 +527,11 @@ def main(argv):
   trainer_settings.check_trainer_flags(FLAGS)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
+  key_flags = FLAGS.get_key_flags_for_module(sys.argv[0])
   with errors.one_line_errors():
     train(trainer_settings.settings_from_flags(FLAGS), stop=stop,
-          flag_values={flag.name: flag.value
-                       for flag in FLAGS.get_key_flags_for_module(sys.argv[0])})
+          flag_values={flag.name: flag.value for flag in key_flags},
+          flags_given=[flag.name for flag in key_flags if flag.present])
 
 
 if __name__ == '__main__':

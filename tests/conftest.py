@@ -84,3 +84,25 @@ def tasks():
 def module_tasks():
   """start(argv, env=None) -> helpers.Task, for processes a module's tests share."""
   yield from helpers.started_tasks()
+
+
+# ---- Progress while slow tests run -------------------------------------------------
+# -q prints a dot per test, and nothing while a test takes minutes: the run looked hung
+# for 15 minutes. Each phase (setup, call) that takes SLOW_PHASE_SECS or more gets a line
+# of its own as it ends, naming the test, in the process that writes the terminal.
+SLOW_PHASE_SECS = 30
+_controller = []  # the pytest config of the process that writes the terminal
+
+
+def pytest_configure(config):
+  if not hasattr(config, 'workerinput'):  # not an xdist worker: the controller, or -n 0
+    _controller.append(config)
+
+
+def pytest_runtest_logreport(report):
+  if report.when == 'teardown' or report.duration < SLOW_PHASE_SECS or not _controller:
+    return
+  reporter = _controller[0].pluginmanager.get_plugin('terminalreporter')
+  if reporter is not None:
+    reporter.write_line('[%s %.0f s, %s] %s' % (report.when, report.duration, report.outcome,
+                                                report.nodeid))

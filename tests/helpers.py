@@ -10,6 +10,7 @@ TensorFlow or hides a GPU unless a test asks for it.
 """
 import collections
 import contextlib
+import fcntl
 import glob
 import itertools
 import json
@@ -73,6 +74,30 @@ def listed_flags(help_text):
   return set(re.findall(r'^  --(?:\[no\])?(\w+)', help_text, re.M))
 
 
+def sample_commands(printed):
+  """The command lines a sample writer's hint prints (`  python prog.py --flag=value ...`),
+  as (program, {flag: value}) in order."""
+  commands = []
+  for line in printed.splitlines():
+    words = line.split()
+    if line.startswith('  python ') and len(words) > 1:
+      commands.append((words[1], dict(w[2:].split('=', 1) for w in words[2:]
+                                      if w.startswith('--') and '=' in w)))
+  return commands
+
+
+def assert_each_training_evaluated_into_its_own_eval_dir(printed, eval_program):
+  """Every trainer command printed is followed by an eval_program command that reads its
+  --train_dir, and no two evaluations write to one --eval_dir."""
+  commands = sample_commands(printed)
+  train_dirs = [f['train_dir'] for prog, f in commands if 'train_dir' in f]
+  evals = [f for prog, f in commands if prog == eval_program]
+  assert len(train_dirs) == 2, printed
+  assert [f.get('checkpoint_dir') for f in evals] == train_dirs, printed
+  eval_dirs = [f.get('eval_dir') for f in evals]
+  assert None not in eval_dirs and len(set(eval_dirs)) == len(eval_dirs), printed
+
+
 def by_task(lines):
   """{'ps0': [its lines], 'worker0': [...]} from a --local_cluster launcher's output."""
   found = collections.defaultdict(list)
@@ -97,6 +122,36 @@ def write_log(argv, code, text):
     f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
   tail = '\n'.join(text.splitlines()[-TAIL_LINES:])
   return '%s exited with %s; whole log: %s; it ends:\n%s' % (name, code, path, tail)
+
+
+# ---- Setups shared by the whole run ----------------------------------------------------
+
+def once_per_run(tmp_path_factory, name, setup):
+  """setup(directory)'s result, computed once per pytest run, whatever its processes.
+
+  The first xdist process to ask runs setup under a file lock in a directory of this
+  run shared by all its processes; the others wait for the lock and read the result
+  (JSON) it left. A setup that failed fails each asker with its message, which names the
+  log holding the output (write_log), rather than running again.
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):  # each worker's is a subdirectory of the run's
+    root = root.parent
+  directory = root / name
+  directory.mkdir(exist_ok=True)
+  result, failure = directory / 'result.json', directory / 'failure.txt'
+  with open(directory / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not result.exists() and not failure.exists():
+      try:
+        result.write_text(json.dumps(setup(directory)))
+      except BaseException as e:
+        failure.write_text('%s: %s' % (name, e))
+        raise
+  if failure.exists():
+    raise AssertionError('set up once for the whole run, and failed: %s'
+                         % failure.read_text())
+  return json.loads(result.read_text())
 
 
 # ---- Programs that run to the end -------------------------------------------------------

@@ -3,6 +3,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -30,15 +31,18 @@ WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 exam
                '0.100 sec/batch) [worker %d, local step %d]')
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def quick(tmp_path_factory):
-  """One --quick run for the module's tests: (its JSON's table, its stdout)."""
-  tmp_path = tmp_path_factory.mktemp('benchmark')
-  json_path = tmp_path / 'benchmark.json'
-  run = helpers.run(['benchmarks/benchmark.py', '--quick', '--json', str(json_path)],
-                    timeout=TIMEOUT_SECS, cwd=str(tmp_path))
-  assert run.code == 0, run.log()
-  return json.loads(json_path.read_text())['table'], run.out
+  """One --quick run for the whole pytest run (its tests may land in two processes, and
+  a module fixture runs again when its process comes back to the module): (its JSON's
+  table, its stdout)."""
+  def run_quick(directory):
+    json_path = directory / 'benchmark.json'
+    run = helpers.run(['benchmarks/benchmark.py', '--quick', '--json', str(json_path)],
+                      timeout=TIMEOUT_SECS, cwd=str(directory))
+    assert run.code == 0, run.log()  # the message names the whole log's file
+    return [json.loads(json_path.read_text())['table'], run.out]
+  return tuple(helpers.once_per_run(tmp_path_factory, 'benchmark_quick', run_quick))
 
 
 def in_window(loss_lines, warmup):
@@ -53,6 +57,7 @@ def in_window(loss_lines, warmup):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('benchmark_quick')
+@pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
 def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
   table, stdout = quick
   assert 'ours/peer' in stdout and 'ours/fit' in stdout
@@ -97,6 +102,7 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('benchmark_quick')
+@pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
 def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   table, _ = quick
   assert table['flops_per_example']['total'] == FLOPS_PER_EXAMPLE
@@ -159,6 +165,7 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group('benchmark_quick')
+@pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
 def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(quick):
   table, _ = quick
   runs = {r['label']: r for r in table['runs']}
@@ -393,3 +400,38 @@ def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts(tmp_pa
   assert re.search(r'^CPU ms per step, worker and ps task together: async [\d.]+, sync [\d.]+, '
                    r'local [\d.]+ \(this process on CPUs [\d,]+\)$', run.out, re.M)
   assert 'Saved checkpoint' not in run.out
+
+_ONCE = '''
+import sys, time, types, pathlib
+sys.path.insert(0, sys.argv[1])
+import helpers
+base, count = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+def setup(directory):
+  with open(count, "a") as f:
+    f.write("ran\\n")
+  time.sleep(1)  # the other process asks meanwhile
+  if sys.argv[4] == "fail":
+    raise AssertionError("exited with 1; whole log: /x/001-benchmark.py.log")
+  return {"table": 1}
+factory = types.SimpleNamespace(getbasetemp=lambda: base)
+try:
+  print(helpers.once_per_run(factory, "shared", setup))
+except AssertionError as e:
+  print("failed:", e)
+'''
+
+
+@pytest.mark.parametrize('outcome', ['pass', 'fail'])
+def test_once_per_run_two_xdist_processes_run_the_setup_once(tmp_path, outcome):
+  count = tmp_path / 'count'
+  tasks = [subprocess.Popen(  # each its worker's base directory, as xdist gives them
+      [sys.executable, '-c', _ONCE, os.path.join(helpers.ROOT, 'tests'),
+       str(tmp_path / worker), str(count), outcome], text=True, stdout=subprocess.PIPE,
+      env=helpers.user_env(PYTEST_XDIST_WORKER=worker)) for worker in ('gw0', 'gw1')]
+  outs = [task.communicate(timeout=120)[0].strip() for task in tasks]
+  assert count.read_text() == 'ran\n', outs
+  if outcome == 'pass':
+    assert outs == ["{'table': 1}"] * 2
+  else:  # both fail, each naming the log of the one run
+    assert all(out.startswith('failed: ') and '/x/001-benchmark.py.log' in out
+               for out in outs), outs

@@ -1,4 +1,5 @@
 """cifar10_eval.py and the trainer's summaries: evidence that training learns."""
+import ast
 import glob
 import os
 import resource
@@ -275,3 +276,32 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(sampl
   assert found == ['model.ckpt-2', 'model.ckpt-3']
   assert '%s/model.ckpt-2 went away while being read; trying again.' % train_dir in out
   assert len(precision) == 1 and precision[0].group(2) == '2', out  # ckpt-3 holds step 2's
+
+
+def _constant_in(program, name):
+  """A program's module-level constant, read from its source (importing cifar10_eval.py
+  would define its flags)."""
+  with open(os.path.join(helpers.ROOT, program)) as f:
+    tree = ast.parse(f.read())
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and [t.id for t in node.targets
+                                         if isinstance(t, ast.Name)] == [name]:
+      return ast.literal_eval(node.value)
+  raise AssertionError('%s has no constant %s' % (program, name))
+
+
+@pytest.mark.parametrize('doc', ['README.md', 'docs/trainer.md'])
+def test_docs_tensorboard_command_names_the_train_and_eval_default_dirs(doc):
+  with open(os.path.join(helpers.ROOT, doc)) as f:
+    commands = [line.split() for line in f if line.startswith('    tensorboard --')]
+  assert commands, doc
+  for words in commands:
+    runs = set()
+    for word in words[1:]:
+      name, _, value = word.partition('=')
+      if name == '--logdir':
+        runs.add(value)
+      elif name == '--logdir_spec':  # name:path,name:path
+        runs.update(spec.split(':', 1)[-1] for spec in value.split(','))
+    assert {multi_gpu_train.TRAIN_DIR, _constant_in('cifar10_eval.py', 'EVAL_DIR')} <= runs, (
+        doc, ' '.join(words))

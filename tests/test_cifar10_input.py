@@ -489,3 +489,9 @@ def test_synthetic_dataset_same_batch_every_step_and_no_constant_in_the_graph():
   assert first.shape == (4, 24, 24, 3) and labels.shape == (4,)
   np.testing.assert_array_equal(first, second)
   assert first.std() > 0.5 and set(labels) <= set(range(10))
+
+
+def test_write_sample_hint_each_training_evaluated_into_its_own_eval_dir(tmp_path, capsys):
+  cifar10_input.main(['--write_sample=%s' % (tmp_path / 'sample'), '--records_per_file=2'])
+  helpers.assert_each_training_evaluated_into_its_own_eval_dir(capsys.readouterr().out,
+                                                               'cifar10_eval.py')

@@ -159,7 +159,7 @@ PROGRAMS = ['multi_gpu_train.py', 'cifar10_eval.py', 'dist_train.py', 'mnist_eva
 def test_helpshort_shows_the_docstring_verbatim(script, helpshort):
   with open(os.path.join(ROOT, script)) as f:
     as_written = f.read().split('"""')[1]  # the source text: a '\\' line end stays one
-  out = helpshort(script).out  # absl's help exits 1
+  out = helpshort(script).out
   assert as_written.strip() in out, out  # no '%' read as a format, no lost line breaks
 
 
@@ -230,9 +230,11 @@ def test_mnist_eval_has_no_data_md5_flag(accepted_flags):
 
 
 @pytest.mark.parametrize('module, options', [
-    (cifar10_input, {'write_sample': 'directory to write', 'records_per_file': 'records in'}),
+    (cifar10_input, {'write_sample': 'directory to write', 'records_per_file': 'records in',
+                     'helpshort': 'the same as --help'}),
     (mnist_input, {'write_sample': 'directory to write', 'train_records': 'records in train',
-                   'test_records': 'records in test'})], ids=['cifar10_input', 'mnist_input'])
+                   'test_records': 'records in test', 'helpshort': 'the same as --help'})],
+    ids=['cifar10_input', 'mnist_input'])
 def test_input_module_help_describes_every_option(module, options, capsys, monkeypatch):
   # The command line's own parser (main(argv)), in this process, at the width a
   # terminal-less run gets; the write-sample fixtures run the modules as programs.
@@ -245,3 +247,25 @@ def test_input_module_help_describes_every_option(module, options, capsys, monke
   assert set(re.findall(r'^  --(\w+)', out, re.M)) == set(options), out
   for name, words in options.items():
     assert described.get(name, '').startswith(words), (name, out)
+
+
+# A flag each program defines itself, which its --helpshort must list.
+OWN_FLAG = {'multi_gpu_train.py': 'num_gpus', 'dist_train.py': 'job_name',
+            'cifar10_eval.py': 'eval_dir', 'mnist_eval.py': 'eval_dir',
+            'export_model.py': 'export_dir', 'classify.py': 'model_dir',
+            'cifar10_input.py': 'write_sample', 'mnist_input.py': 'write_sample'}
+ARGPARSE_PROGRAMS = ('cifar10_input.py', 'mnist_input.py')  # every flag is their own
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('helpshort')
+@pytest.mark.parametrize('program', sorted(OWN_FLAG))
+def test_help_exits_0_and_helpshort_lists_the_programs_own_flags_shorter(program, helpshort):
+  full, short = helpers.run([program, '--help']), helpshort(program)
+  assert full.code == 0 and short.code == 0, (full.log(), short.log())
+  listed_full, listed_short = helpers.listed_flags(full.out), helpers.listed_flags(short.out)
+  assert OWN_FLAG[program] in listed_short, short.log()
+  if program in ARGPARSE_PROGRAMS:
+    assert short.out == full.out, short.log()
+  else:  # --help: every flag the program accepts (absl's, TensorFlow's); --helpshort: its own
+    assert listed_short < listed_full and len(short.out) < len(full.out), short.log()

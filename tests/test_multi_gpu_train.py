@@ -18,6 +18,7 @@ import multi_gpu_train
 from training import checkpoints
 from training import settings as trainer_settings
 from training.settings import Settings
+from training import errors
 from training.errors import TrainingError
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
@@ -120,7 +121,7 @@ def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path, capsys):
   out = train(max_steps=5, fresh=True)
   moved = re.search(r'--fresh: moved (\d+) files from \S+ to (\S+):', out)
   assert moved and 'Starting from step 0' in out, out
-  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [1]
+  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [1, 5]  # the last one too
   assert 'model.ckpt-40.index' in os.listdir(moved.group(2))  # set aside, not deleted
 
 
@@ -335,6 +336,49 @@ def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path, 
   assert helpers.global_step(tmp_path) == 40
 
 
+def _synthetic(tmp_path, **changes):
+  """Settings of a short run on synthetic batches of 8, no summaries, a line every 10 steps."""
+  return Settings(str(tmp_path), '', **dict(dict(
+      synthetic=True, batch_size=8, summary_steps=0, log_frequency=10), **changes))
+
+
+def test_loop_last_step_off_the_log_frequency_prints_its_line(tmp_path, capsys):
+  multi_gpu_train.train(_synthetic(tmp_path, max_steps=3))
+  assert helpers.steps(helpers.LOSS_LINE, capsys.readouterr().out.splitlines()) == [1, 3]
+
+
+class _StopAt:
+  """A stop signal that arrives during the step `at` (as steps.check_loss sees it)."""
+  requested, name, exit_code = False, 'SIGTERM', 143
+
+  def __init__(self, at):
+    self.at = at
+
+
+def test_loop_stopped_off_the_log_frequency_prints_the_last_steps_line(tmp_path, capsys,
+                                                                       monkeypatch):
+  stop, check_loss = _StopAt(4), multi_gpu_train.steps.check_loss
+  def check_and_signal(loss_value, step, *args):  # noqa: E306
+    stop.requested = stop.requested or step == stop.at
+    check_loss(loss_value, step, *args)
+  monkeypatch.setattr(multi_gpu_train.steps, 'check_loss', check_and_signal)
+  with pytest.raises(errors.Stopped):
+    multi_gpu_train.train(_synthetic(tmp_path, max_steps=100), stop=stop)
+  out = capsys.readouterr().out
+  assert helpers.steps(helpers.LOSS_LINE, out.splitlines()) == [1, 4], out
+  assert 'Stopped by SIGTERM at step 4' in out
+
+
+def test_loop_async_last_step_off_the_log_frequency_prints_tower_0s_last_line(tmp_path,
+                                                                              capsys):
+  multi_gpu_train.train(_synthetic(tmp_path, num_gpus=2, async_towers=True, max_steps=20,
+                                   log_frequency=100))
+  out = capsys.readouterr().out
+  shown = helpers.steps(helpers.LOSS_LINE, out.splitlines())
+  # Tower 0's first and last steps: the last may be below 20, the other tower's to land.
+  assert len(shown) == 2 and 1 <= shown[0] < shown[1] <= 20, out
+
+
 def _saving(train_dir):
   """The temporary files of a checkpoint write under way in train_dir (none: [])."""
   if not os.path.isdir(train_dir):
@@ -477,6 +521,39 @@ def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path,
                       r'--max_steps 1 -> 2', changed), changed
   assert run(3, 16) == ['changed since run-%s: --max_steps 2 -> 3' % sorted(
       n for n in os.listdir(tmp_path) if n.startswith('run-'))[-2][4:]]
+
+
+def test_rerun_constant_edited_and_its_flag_given_says_the_flag_overrides_it(tmp_path, capsys,
+                                                                            monkeypatch):
+  def run(batch_size, given):
+    run.max_steps += 1
+    multi_gpu_train.train(_synthetic(tmp_path, batch_size=batch_size, max_steps=run.max_steps),
+                          flag_values={'batch_size': batch_size}, flags_given=given)
+    return [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith('changed since')]
+  run.max_steps = 0
+
+  assert run(32, ['batch_size']) == []
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 16)
+  [changed] = run(32, ['batch_size'])
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by '
+                          '--batch_size=32'), changed
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 8)  # the flag not given: no such note
+  [changed] = run(8, [])
+  assert changed.endswith(': BATCH_SIZE 16 -> 8 (multi_gpu_train.py); --batch_size 32 -> 8'), (
+      changed)
+
+
+def test_rerun_at_max_steps_with_an_edited_constant_says_nothing_to_do_and_what_changed(
+    tmp_path, capsys, monkeypatch):
+  multi_gpu_train.train(_synthetic(tmp_path, max_steps=1), flag_values={'max_steps': 1})
+  capsys.readouterr()
+  monkeypatch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
+  multi_gpu_train.train(_synthetic(tmp_path, max_steps=1), flag_values={'max_steps': 1})
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 2 and 'nothing to do' in lines[0], lines
+  assert re.fullmatch(r'changed since run-\d{8}-\d{6}-step0\.json: INITIAL_LEARNING_RATE '
+                      r'0\.1 -> 0\.05 \(cifar10/model\.py\)', lines[1]), lines
 
 
 def _checked(*argv):

@@ -38,7 +38,7 @@ def test_decide_flag_without_env_is_the_flag():
 def test_decide_auto_avx2_without_vnni_is_on_as_measured():
   choice = onednn.decide('auto', {}, 'x86_64', AVX2_ONLY)
   assert choice.on is True and choice.how == 'auto'
-  assert choice.why == ('auto, measured %.1fx faster for this model on CPUs with AVX2 and '
+  assert choice.why == ('auto, measured %.1fx faster for the CIFAR-10 model on CPUs with AVX2 and '
                         'without AVX512_VNNI (benchmarks/benchmark.py)' % onednn.MEASURED_SPEEDUP)
 
 

@@ -1,6 +1,7 @@
 """training/placement.py: the towers' devices, and what start-up tells a user whose GPUs
 TensorFlow cannot use (with a fake nvidia-smi: this machine has no GPU)."""
 import glob
+import re
 
 import pytest
 import tensorflow as tf
@@ -64,3 +65,24 @@ def test_tower_devices_start_up_line_with_gpus_tensorflow_cannot_use_says_what_t
                           '--num_gpus=2: towers run on 2 virtual CPU devices'), where
   assert advice.startswith('nvidia-smi lists 2 GPU(s), but this TensorFlow is built without '
                            'CUDA: ') and INSTALL in advice, where
+
+
+def test_log_device_placement_two_towers_summed_up_per_device_after_tensorflows_lines(
+    tmp_path, capfd):
+  import multi_gpu_train  # the trainer's own session start, in this process
+  from training.settings import Settings
+  multi_gpu_train.train(Settings(
+      str(tmp_path), '', num_gpus=2, batch_size=4, max_steps=1, summary_steps=0,
+      synthetic=True, session=placement.SessionOptions(log_device_placement=True)))
+  lines = capfd.readouterr().out.splitlines()
+  placed = [i for i, line in enumerate(lines) if re.match(r'^\S+: \(\w+\): \S+$', line)]
+  [summary] = [i for i, line in enumerate(lines) if line.startswith('placement: ')]
+  assert placed and summary > placed[-1], lines[-5:]
+  counts = {}
+  for i in placed:
+    device = lines[i].rsplit('/device:', 1)[1].lower()  # CPU:1
+    counts['/' + device] = counts.get('/' + device, 0) + 1
+  assert set(counts) == {'/cpu:0', '/cpu:1'}, counts
+  assert lines[summary] == 'placement: /cpu:0 %d ops, /cpu:1 %d ops (the lines above, per ' \
+      'device)' % (counts['/cpu:0'], counts['/cpu:1'])
+  assert helpers.steps(helpers.LOSS_LINE, lines) == [1]

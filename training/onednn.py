@@ -13,8 +13,8 @@ Who wins, first first:
   2. --onednn=on or --onednn=off on the command line (read here from argv: absl
      parses its flags only after TensorFlow is imported; the programs still define
      the flag, so absl accepts it and --helpshort lists it).
-  3. --onednn=auto, the default: on where it was measured faster for this model
-     (x86 with AVX2 but none of the instructions below, where TensorFlow 2.21
+  3. --onednn=auto, the default: on where it was measured faster for the CIFAR-10
+     model (x86 with AVX2 but none of the instructions below, where TensorFlow 2.21
      leaves it off: benchmarks/benchmark.py's table, 1.4x at one tower); TensorFlow's
      own choice elsewhere (it turns oneDNN on itself on CPUs with those
      instructions; other architectures were not measured).
@@ -53,9 +53,9 @@ def define_flag(module_name, flag_values=None):
   if module_name == '__main__':  # absl names a program's own module after its file
     module_name = sys.argv[0]
   flags.DEFINE_enum('onednn', 'auto', CHOICES, 'TensorFlow\'s oneDNN kernels. auto: on where '
-                    'measured faster for this model (x86 with AVX2), else TensorFlow\'s '
-                    'default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before TensorFlow '
-                    'loads.', flag_values=flag_values, module_name=module_name)
+                    'measured faster for the CIFAR-10 model (x86 with AVX2), else '
+                    'TensorFlow\'s default. TF_ENABLE_ONEDNN_OPTS, if set, wins. Read before '
+                    'TensorFlow loads.', flag_values=flag_values, module_name=module_name)
 # bfloat16 units (/proc/cpuinfo names): TensorFlow's CPU kernels use them through oneDNN
 # only (--use_bf16: training/mixed_precision.py's bfloat16_units).
 BFLOAT16_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -126,8 +126,8 @@ def decide(flag, environ, machine, flags_of_cpu):
     return Choice(True, 'auto', 'auto, TensorFlow\'s default on CPUs with %s' % '/'.join(
         sorted(f.upper() for f in flags_of_cpu & set(TF_ON_WITH))))
   if MEASURED_FASTER_WITH in flags_of_cpu:
-    return Choice(True, 'auto', 'auto, measured %.1fx faster for this model on CPUs with '
-                  '%s and without AVX512_VNNI (benchmarks/benchmark.py)'
+    return Choice(True, 'auto', 'auto, measured %.1fx faster for the CIFAR-10 model on CPUs '
+                  'with %s and without AVX512_VNNI (benchmarks/benchmark.py)'
                   % (MEASURED_SPEEDUP, MEASURED_FASTER_WITH.upper()))
   return Choice(False, 'auto', 'auto, TensorFlow\'s default on CPUs without %s (not '
                 'measured here)' % MEASURED_FASTER_WITH.upper())

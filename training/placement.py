@@ -6,6 +6,7 @@ through list_gpus(). No flags are read here: settings arrive as arguments.
 """
 import collections
 import contextlib
+import ctypes
 import glob
 import os
 import re
@@ -165,3 +166,45 @@ def op_determinism():
   finally:
     if not was_on:
       config.disable_op_determinism()
+
+
+PLACEMENT_LINE = re.compile(r'^\S+: \(\w+\): (\S+)$')  # TensorFlow's: name: (Op): device
+
+
+@contextlib.contextmanager
+def placement_summed_up(log_device_placement):
+  """With --log_device_placement, one line after TensorFlow's placement lines that sums
+  them up per device: 'placement: /cpu:0 1272 ops, /cpu:1 185 ops (the lines above)'.
+
+  TensorFlow prints a line per op of the graph (C's stdout) when a session first runs
+  it: wrap the session's first runs (initialising or restoring). What is printed
+  inside goes to a file first and then on to stdout as it was, in order; nothing
+  is changed without the flag.
+  """
+  if not log_device_placement:
+    yield
+    return
+  sys.stdout.flush()
+  saved_stdout = os.dup(1)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 1)
+    try:
+      yield
+    finally:
+      sys.stdout.flush()
+      ctypes.CDLL(None).fflush(None)  # TensorFlow's lines, buffered in C's stdio
+      os.dup2(saved_stdout, 1)
+      os.close(saved_stdout)
+      captured.seek(0)
+      text = captured.read().decode('utf-8', 'replace')
+      sys.stdout.write(text)
+      sys.stdout.flush()
+  counts = collections.Counter()
+  for line in text.splitlines():
+    placed = PLACEMENT_LINE.match(line)
+    if placed:
+      spec = tf.DeviceSpec.from_string(placed.group(1))
+      counts['/%s:%d' % (spec.device_type.lower(), spec.device_index)] += 1
+  print('placement: %s (the lines above, per device)' % ', '.join(
+      '%s %d ops' % (device, counts[device]) for device in sorted(counts)) if counts else
+      'placement: TensorFlow printed no placement lines')

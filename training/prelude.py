@@ -7,8 +7,10 @@
   1. check_python(): Python 3.11 or newer, else one line and exit 1
      (distributed/local_cluster.py starts its tasks with Popen(process_group=), new
      in 3.11; below it a run would stop on a traceback, or further in).
-  2. onednn.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
-  3. import_tensorflow(): TF_CPP_MIN_LOG_LEVEL=2 unless you set it (TensorFlow's
+  2. answer_help(argv): --help lists every flag, --helpshort the program's own, and
+     both exit 0 (absl's print the same short list and exit 1).
+  3. onednn.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
+  4. import_tensorflow(): TF_CPP_MIN_LOG_LEVEL=2 unless you set it (TensorFlow's
      errors show, its INFO and WARNING lines do not), applied to the lines TensorFlow
      prints while it loads too.
 
@@ -40,19 +42,43 @@ DEFAULT_LOG_LEVEL = '2'       # TensorFlow's errors only; no INFO, WARNING
 SEVERITIES = 'IWEF'           # absl's letters, in TF_CPP_MIN_LOG_LEVEL's order 0..3
 ABSL_LINE = re.compile(r'([IWEF])\d{4} \d\d:\d\d:[\d.]+ +\d+ [^ \]]+:\d+\] ')
 BANNER = 'WARNING: All log messages before absl::InitializeLog() is called are written to'
+# absl's help flags: True where only the program's own flags are listed.
+HELP_ARGS = {'--help': False, '-help': False, '-?': False, '--helpfull': False,
+             '-helpfull': False, '--helpshort': True, '-helpshort': True}
 
 
 def start(argv, hold_signals=False):
-  """check_python(), onednn.choose(argv), import_tensorflow(): a program's first lines.
+  """check_python(), answer_help(argv), onednn.choose(argv), import_tensorflow(): a
+  program's first lines.
 
   hold_signals: a trainer's: a Ctrl-C or SIGTERM from here on waits for its step loop
   (signals.hold_until_ready), which stops as soon as it starts, saving.
   """
   check_python()
+  answer_help(argv)
   if hold_signals:
     signals.hold_until_ready()
   onednn.choose(argv)
   import_tensorflow()
+
+
+def answer_help(argv):
+  """--help (and --helpfull): every flag the program accepts; --helpshort: the program's
+  own (its key flags). Either prints the docstring and the list to stdout and exits 0.
+
+  absl answers both with the short list, and exits 1. The flags are defined after this
+  runs, so the help flag is taken out of argv (the list itself, sys.argv) and answered
+  once absl has parsed the rest, before main() (absl's call_after_init): an unknown
+  flag beside it is still refused by name.
+  """
+  ends = argv.index('--') if '--' in argv else len(argv)  # after '--': arguments
+  asked = [arg for arg in argv[1:ends] if arg in HELP_ARGS]
+  if not asked:
+    return
+  argv[1:ends] = [arg for arg in argv[1:ends] if arg not in HELP_ARGS]
+  from absl import app  # absl only: TensorFlow is not imported yet
+  app.call_after_init(lambda: app.usage(shorthelp=HELP_ARGS[asked[0]], writeto_stdout=True,
+                                        exitcode=0))
 
 
 def check_python(version=None):

@@ -48,7 +48,8 @@ def write_run_record(train_dir, record):
   return path
 
 
-def describe(program_constants, flag_values, settings, devices, start_step, data):
+def describe(program_constants, flag_values, settings, devices, start_step, data,
+             flags_given=()):
   """What this run used: flags, every constant of the program, model and reader.
 
   Constants are read when the run starts, so a constant edited between two runs
@@ -58,6 +59,8 @@ def describe(program_constants, flag_values, settings, devices, start_step, data
     program_constants: {'multi_gpu_train.py': constants_of(its module)}, the caller's.
     flag_values: dict, the command line's flags; settings: a settings.Settings;
     devices: the towers' devices; data: the settings.DataSet.
+    flags_given: names of the flags set on the command line: where one takes its
+      default from a constant (--batch_size, BATCH_SIZE), the flag won.
   """
   constants = dict(program_constants)
   if settings.use_fp16:
@@ -70,6 +73,7 @@ def describe(program_constants, flag_values, settings, devices, start_step, data
       ('start_step', start_step),
       ('seed', settings.seed),
       ('flags', flag_values or {}),
+      ('flags_given', sorted(flags_given)),
       ('constants', constants),
       ('tensorflow', tf.__version__),
       ('onednn', onednn.record()),
@@ -107,7 +111,11 @@ def changes_since(train_dir, record):
   what differs from the newest run record already in train_dir; None when nothing
   does, or there is no earlier record. A file of that name that is no record to read
   (not JSON, a FIFO, a device, too large, nested too deep) is not compared with, in a
-  line that says why (directory.read_bounded)."""
+  line that says why (directory.read_bounded).
+
+  A constant whose flag was given on the command line (record['flags_given']) says
+  so: 'BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by --batch_size=32'.
+  """
   previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
                                       else []) if RECORD_NAME.match(name))
   if not previous:
@@ -127,7 +135,8 @@ def changes_since(train_dir, record):
     for name, value in constants.items():
       was = _as_dict(old_constants.get(source)).get(name, value)
       if _differs(was, value):
-        changes.append('%s %s -> %s (%s)' % (name, _shown(was), _shown(value), source))
+        changes.append('%s %s -> %s (%s)%s' % (name, _shown(was), _shown(value), source,
+                                               _overridden(name, new)))
   old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
     if name in old_flags and old_flags[name] != value:
@@ -147,6 +156,21 @@ def _differs(was, value):
   if isinstance(was, dict) and isinstance(value, dict):
     return was.keys() != value.keys() or any(_differs(was[k], value[k]) for k in was)
   return was != value
+
+
+def _overridden(constant, record):
+  """', overridden by --batch_size=32' when the flag that takes its default from
+  `constant` (BATCH_SIZE, or MNIST_BATCH_SIZE in an --dataset=mnist run) was given on
+  the command line; else ''."""
+  flag_values = _as_dict(record.get('flags'))
+  name = constant.lower()
+  prefix = '%s_' % flag_values.get('dataset')
+  if name.startswith(prefix):
+    name = name[len(prefix):]
+  if name not in record.get('flags_given', ()) or name not in flag_values:
+    return ''
+  value = flag_values[name]
+  return ', overridden by --%s=%s' % (name, value if isinstance(value, str) else _shown(value))
 
 
 def _as_dict(value):
