@@ -108,10 +108,14 @@ def test_ctrl_c_while_building_the_graph_stops_before_the_session(sample, tmp_pa
   # a pipe at once only if the trainer flushes it: Python, unless PYTHONUNBUFFERED is
   # set, would hold it back until the session opens. A few towers make the build a
   # few seconds long.
-  trainer = tasks(_args(sample, tmp_path, '--max_steps=100000', '--num_gpus=4'),
+  # The signal goes once the new train_dir is made: start-up's checks and the data's
+  # (where a signal stops the run at once, StopSignals.raising) are over by then.
+  train_dir = tmp_path / 'train'
+  trainer = tasks(_args(sample, train_dir, '--max_steps=100000', '--num_gpus=4'),
                   env=helpers.user_env(PYTHONUNBUFFERED=None))
   trainer.wait_for(lambda line: line.startswith('CIFAR-10 copy with md5 %s' % sample.md5),
                    'the data check\'s line')
+  helpers.wait_until(train_dir.exists, 'the train_dir made after the checks', task=trainer)
   helpers.send_and_mark(trainer, signal.SIGINT, SIGNALLED)
   assert trainer.finish() == 130, trainer.log()
   before, after = _split(trainer.out_lines, SIGNALLED)
