@@ -26,6 +26,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import time
 import urllib.parse
 
 import numpy as np
@@ -178,11 +179,11 @@ def _extract(archive, data_dir, records_per_file=None):
               shutil.copyfileobj(src, dst)
         check_data_files([os.path.join(tmp_dir, BATCHES_DIR, f)
                           for f in TRAIN_FILES + TEST_FILES], records_per_file)
-        if os.path.isdir(batches_dir(data_dir)):  # damaged: goes with tmp_dir below
-          os.rename(batches_dir(data_dir), os.path.join(tmp_dir, 'damaged'))
+        if os.path.isdir(batches_dir(data_dir)):  # damaged
+          _set_aside_damaged(data_dir, tmp_dir)
         os.rename(os.path.join(tmp_dir, BATCHES_DIR), batches_dir(data_dir))
       finally:
-        shutil.rmtree(tmp_dir)
+        shutil.rmtree(tmp_dir)  # made above, holding only what was extracted into it
   except (tarfile.TarError, EOFError, OSError) as e:
     raise DataError('cannot extract %s: %s. Remove it to download it again.'
                     % (archive, e)) from e
@@ -190,6 +191,22 @@ def _extract(archive, data_dir, records_per_file=None):
     e.during = ('the extraction of %s; its temporary directory is removed, the verified '
                 'archive kept' % archive)
     raise
+
+
+def _set_aside_damaged(data_dir, tmp_dir):
+  """Moves a damaged cifar-10-batches-bin out of the way of the new one. Holding only
+  the archive's files, it goes with tmp_dir; holding anything else (a user's notes),
+  it is kept whole beside it, as cifar-10-batches-bin.damaged-<time>, and said so."""
+  damaged = batches_dir(data_dir)
+  foreign = sorted(set(os.listdir(damaged)) - {posixpath.basename(m) for m in ARCHIVE_MEMBERS})
+  if not foreign:
+    os.rename(damaged, os.path.join(tmp_dir, 'damaged'))
+    return
+  kept = '%s.damaged-%s' % (damaged, time.strftime('%Y%m%d-%H%M%S'))
+  os.rename(damaged, kept)
+  print('%s held files the archive does not (%s): kept whole as %s; the new copy takes '
+        'its place' % (damaged, ', '.join(foreign[:3]) + (', ...' if len(foreign) > 3 else ''),
+                       kept))
 
 
 def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines=None):

@@ -2,6 +2,7 @@
 import hashlib
 import io
 import itertools
+import glob
 import os
 import re
 import shutil
@@ -455,6 +456,21 @@ def test_damaged_extracted_file_extracted_again_from_verified_archive(tmp_path, 
   assert helpers.tree(tmp_path) == sorted(['cifar-10-binary.tar.gz'] + [
       os.path.join(cifar10_input.BATCHES_DIR, f)
       for f in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES])
+
+
+def test_damaged_copy_holding_a_users_file_kept_whole_beside_the_new_one(tmp_path, capsys):
+  # No program removes a directory it did not create, nor a file it did not write.
+  md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=8)
+  os.remove(_bin(tmp_path, 'data_batch_2.bin'))
+  notes = os.path.join(cifar10_input.batches_dir(str(tmp_path)), 'notes.txt')
+  open(notes, 'w').write('mine')
+  cifar10_input.maybe_download_and_extract(
+      str(tmp_path), 'http://127.0.0.1:9/cifar-10-binary.tar.gz', md5)
+  [kept] = glob.glob(str(tmp_path / 'cifar-10-batches-bin.damaged-*'))
+  assert open(os.path.join(kept, 'notes.txt')).read() == 'mine'
+  assert ('held files the archive does not (notes.txt): kept whole as %s' % kept
+          in capsys.readouterr().out)
+  assert os.path.getsize(_bin(tmp_path, 'data_batch_2.bin')) == 8 * cifar10_input.RECORD_BYTES
 
 
 def test_leftovers_of_killed_extraction_removed_only_for_dead_processes(tmp_path, capsys):
