@@ -55,8 +55,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from distributed import (cluster_env, evaluator, local_cluster, ps_placement, ps_shutdown, ps_task,
-                         task_cluster, worker_sessions, worker_updates)
+from distributed import (chief, cluster_env, evaluator, local_cluster, ps_placement, ps_task,
+                         task_cluster, worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -89,7 +89,6 @@ STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for th
 QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
-STOPPED_REPORT_SECS = 5      # a stopped worker tells the ps tasks so for at most this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
 
@@ -174,8 +173,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input)
-    record = (chief_run_record(run, settings, data, flag_values) if run.task_index == 0
-              else None)
+    record = (chief.record(run, settings, data, flag_values, sys.modules[__name__])
+              if run.task_index == 0 else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
@@ -190,7 +189,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
           stop, progress, run.who, run.task_index == 0, graph.release_step and
           worker_sessions.release_op_runner(run.server.target, run.config,
                                             graph.release_step))
-      with stopped_without_ps(run, graph, stop, progress):
+      with worker_end.stopped_without_ps(run, graph, stop, progress):
         with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs,
                           stop) as sess:
           loop(sess, run, graph, settings, worker.step_timeout_secs, stop, progress)
@@ -201,45 +200,13 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     run.arm_watchdog(None, '')
   step, local_step = progress.step, progress.local_step
   if stop.requested:  # saved: the ps tasks may leave once the chief has said so
-    report_to_ps(run, stopped=True)
+    worker_end.report_to_ps(run, stopped=True)
     steps.stopped(stop, step)
   if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
-    raise errors.PeerGone(ended_early_message(run, graph, step, settings.max_steps))
+    raise errors.PeerGone(worker_end.ended_early_message(run, graph, step, settings.max_steps))
   # The session is closed, the chief's last checkpoint written: the ps tasks may end.
-  report_to_ps(run, stopped=False)
+  worker_end.report_to_ps(run, stopped=False)
   print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
-
-
-@contextlib.contextmanager
-def stopped_without_ps(run, graph, stop, progress):
-  """A stopped worker whose ps tasks left first stops as a stopped worker: one line,
-  the signal's exit code. Only the chief has anything to lose: it says what is on
-  disk. (The ps tasks serve the chief's save; this is for a ps task that was killed.)"""
-  try:
-    yield
-  except worker_sessions.PS_GONE_ERRORS as e:
-    if not stop.requested:
-      raise
-    saved = saved_step(run, graph)
-    if run.task_index != 0 or saved == progress.step:
-      steps.stopped(stop, progress.step)
-    print('Stopped by %s at step %d without saving it: the ps tasks left first (%s); %s '
-          'Rerun the same command to resume.' % (stop.name, progress.step,
-                                                  errors.one_line(e),
-                                                  checkpoints.untouched_note(saved)),
-          flush=True)
-    raise errors.Stopped(stop.exit_code) from None
-
-
-def report_to_ps(run, stopped):
-  """Tells the ps tasks this worker has finished, or has stopped (the chief: saved)."""
-  timeout_secs = STOPPED_REPORT_SECS if stopped else ps_shutdown.REPORT_TIMEOUT_SECS
-  if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
-                                     run.config, timeout_secs=timeout_secs, stopped=stopped):
-    print('%s: the ps tasks did not answer within %d s to hear that it has %s; they have '
-          'ended already%s' % (run.who, timeout_secs, 'stopped' if stopped else 'finished',
-                               '' if stopped else ', or will once the chief has'),
-          flush=True)
 
 
 WorkerRun = collections.namedtuple('WorkerRun', [
@@ -290,15 +257,6 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   return WorkerRun(who, cluster, task_index, cluster.num_tasks('worker'),
                    cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
-
-
-def chief_run_record(run, settings, data, flag_values):
-  """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster."""
-  record = run_record.describe(
-      {'dist_train.py': run_record.constants_of(sys.modules[__name__])},
-      flag_values, settings, run.devices, run.start_step, data)
-  record['cluster'] = run.cluster.as_dict()
-  return record
 
 
 TrainGraph = collections.namedtuple('TrainGraph', [
@@ -370,27 +328,13 @@ def build(run, settings, worker, data, epoch, record):
     restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
                     if loss_scale and run.task_index == 0 else None)
     if run.task_index == 0:
-      hooks.extend(chief_hooks(run, settings, model, scaffold, global_step, record))
+      hooks.extend(chief.hooks(run, settings, model, scaffold, global_step, record,
+                               KEEP_CHECKPOINTS))
   return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
                     release_workers, decay_steps, examples_per_update,
                     (worker.replicas_to_aggregate or run.num_workers)
                     if worker.sync_replicas else None, loss_scale, restore_fp16,
                     skip_check, release_step)
-
-
-def chief_hooks(run, settings, model, scaffold, global_step, record):
-  """The chief's checkpoints (SaveCheckpoints) and summaries, through
-  the machinery multi_gpu_train.py saves and summarises with."""
-  hooks = []
-  if scaffold.summary_op is not None:  # first: its step time ends before a save starts
-    hooks.append(worker_sessions.WriteSummaries(
-        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record,
-        settings.batch_size * len(run.devices)))
-  hooks.append(worker_sessions.SaveCheckpoints(
-      settings.train_dir, settings.save_every_n_steps, KEEP_CHECKPOINTS, scaffold.saver,
-      global_step, checkpoints.all_variables_finite(), model.__name__,
-      run.start_step if run.checkpoint else None))
-  return hooks
 
 
 def print_start(run, graph, settings, model, epoch):
@@ -480,7 +424,7 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
     # came from; the token it gets back is that of an update already applied.
     shown = step + 1 if graph.replicas_to_aggregate else step_after
 
-    steps.check_loss(loss_value, shown, model_name, lambda: untouched(run, graph),
+    steps.check_loss(loss_value, shown, model_name, lambda: chief.untouched(run, graph),
                      ' on ' + run.who)
     if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
       for note in zip(*skip_check):                 # (step, scale, new scale)
@@ -510,7 +454,7 @@ def run_step(sess, run, graph, step_timeout_secs):
   the last updates; sync, the token queue on the ps was closed (train() says so)."""
   slack = worker_sessions.WATCHDOG_SLACK_SECS
   run.arm_watchdog(step_timeout_secs + slack,
-                   stuck_step_message(run, graph, step_timeout_secs + slack))
+                   worker_end.stuck_step_message(run, graph, step_timeout_secs + slack))
   try:
     _, loss_value, step_after, skip_check = sess.run(
         [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
@@ -518,54 +462,8 @@ def run_step(sess, run, graph, step_timeout_secs):
   except tf.errors.OutOfRangeError:
     return None
   except tf.errors.DeadlineExceededError as e:
-    raise errors.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
+    raise errors.PeerGone(worker_end.slow_step_message(run, graph, step_timeout_secs)) from e
   return loss_value, step_after, skip_check
-
-
-def ended_early_message(run, graph, step, max_steps):
-  """Why a worker's loop ended below max_steps though no signal stopped it."""
-  why = ('the token queue on the ps tasks was closed, so no averaged update can come '
-         '(restart the ps tasks too: a restarted ps opens a new one)'
-         if graph.replicas_to_aggregate else
-         'the global step went back: the chief (worker 0 at %s) restored its last '
-         'checkpoint' % run.chief_host)
-  return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
-          'stopped it: %s. Restart this task with the same command; it rejoins.'
-          % (run.who, step, max_steps, why))
-
-
-def untouched(run, graph):
-  """What a worker stopping on a diverged loss leaves on disk, for its message."""
-  if run.task_index == 0:
-    return checkpoints.untouched_note(saved_step(run, graph))
-  return 'the chief saves no checkpoint with a NaN or infinite variable.'
-
-
-def saved_step(run, graph):
-  """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
-  (none yet, or not the chief)."""
-  saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
-  return saves[0].last_saved if run.task_index == 0 and saves else None
-
-
-def stuck_step_message(run, graph, secs):
-  return ('%s: a step has not returned in %d s and TensorFlow did not time it out: the ps '
-          'tasks %s%s stopped answering. Restart them, or raise --step_timeout_secs.'
-          % (run.who, secs, ','.join(run.ps_hosts),
-             ' or the chief' if graph.replicas_to_aggregate else ''))
-
-
-def slow_step_message(run, graph, step_timeout_secs):
-  if graph.replicas_to_aggregate:
-    return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
-            '%d gradients, at most one from each worker, and for the chief (worker 0 at '
-            '%s) to apply them: check that the chief and at least %d workers are running, '
-            'or raise --step_timeout_secs.' % (
-                run.who, step_timeout_secs, graph.replicas_to_aggregate, run.chief_host,
-                graph.replicas_to_aggregate))
-  return ('%s: a step took more than --step_timeout_secs=%d waiting for the ps tasks %s. '
-          'Check that they are running, or raise --step_timeout_secs.'
-          % (run.who, step_timeout_secs, ','.join(run.ps_hosts)))
 
 
 def main(argv, slurm_cluster=None):

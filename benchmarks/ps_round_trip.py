@@ -143,7 +143,7 @@ def build_step(kind, device_setter, train_dir):
 
 
 def chief_hooks(kind, global_step, summary_op, train_dir):
-  """dist_train.chief_hooks' two, saving or summarising every step for those kinds."""
+  """distributed/chief.py's hooks() two, saving or summarising every step for those kinds."""
   return [worker_sessions.SaveCheckpoints(
               train_dir, 1 if kind == 'save step' else NEVER, 2, checkpoints.make_saver(),
               global_step, checkpoints.all_variables_finite(), 'cifar10', None),
