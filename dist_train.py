@@ -173,26 +173,25 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input)
+    mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
+            if worker.sync_replicas else worker_updates.AsyncUpdates(run))
     record = (chief.record(run, settings, data, flag_values, sys.modules[__name__])
-              if run.task_index == 0 else None)
+              if run.is_chief else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
-      graph = build(run, settings, worker, data, epoch, record)
+      graph = build(run, mode, settings, data, epoch, record)
       startup.check_memory([graph.train_op, graph.loss] + (  # before writing
           [graph.scaffold.summary_op] if graph.scaffold.summary_op is not None else []),
           settings)
       if record:
         run_record.write_and_compare(settings.train_dir, record)
-      print_start(run, graph, settings, data.model, epoch)
-      worker_sessions.watch_stopping_step(
-          stop, progress, run.who, run.task_index == 0, graph.release_step and
-          worker_sessions.release_op_runner(run.server.target, run.config,
-                                            graph.release_step))
+      print_start(run, mode, graph, settings, data.model, epoch)
+      worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
+                                          mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
-        with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs,
-                          stop) as sess:
-          loop(sess, run, graph, settings, worker.step_timeout_secs, stop, progress)
+        with open_session(run, graph, settings, worker.startup_timeout_secs, stop) as sess:
+          loop(sess, run, mode, graph, settings, worker.step_timeout_secs, stop, progress)
           run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                            '%s: closing the session hung after the last step (%d)'
                            % (run.who, progress.step))
@@ -203,7 +202,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     worker_end.report_to_ps(run, stopped=True)
     steps.stopped(stop, step)
   if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
-    raise errors.PeerGone(worker_end.ended_early_message(run, graph, step, settings.max_steps))
+    raise errors.PeerGone(mode.ended_early_message(step, settings.max_steps))
   # The session is closed, the chief's last checkpoint written: the ps tasks may end.
   worker_end.report_to_ps(run, stopped=False)
   print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
@@ -212,7 +211,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
 WorkerRun = collections.namedtuple('WorkerRun', [
     'who',           # 'worker 1'
     'cluster',       # tf.compat.v1.train.ClusterSpec
-    'task_index',    # int; 0 is the chief
+    'task_index',    # int
+    'is_chief',      # worker 0: it initialises or restores, saves and summarises
     'num_workers',   # int
     'ps_hosts',      # ['host:port', ...]
     'chief_host',    # 'host:port' of worker 0
@@ -231,9 +231,9 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
 
   The chief's lock on train_dir is held until exit_stack closes.
   """
-  who = 'worker %d' % task_index
+  who, is_chief = 'worker %d' % task_index, task_index == 0
   checkpoint, start_step = None, 0
-  if task_index == 0:  # before anything is written: a second chief stops here
+  if is_chief:  # before anything is written: a second chief stops here
     chief = startup.start(exit_stack, settings, data_input, stop_when_done=False)
     checkpoint, start_step = chief.checkpoint, chief.start_step
   else:
@@ -254,40 +254,31 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   arm_watchdog = worker_sessions.start_watchdog()
   # Stopped or not: a chief stopped at start-up still opens its session and saves.
   worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
-  return WorkerRun(who, cluster, task_index, cluster.num_tasks('worker'),
+  return WorkerRun(who, cluster, task_index, is_chief, cluster.num_tasks('worker'),
                    cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
 
 
 TrainGraph = collections.namedtuple('TrainGraph', [
     'global_step',      # int64 variable, on the ps
-    'loss',             # float32 scalar: this worker's loss
+    'loss',             # float32 scalar: this worker's loss, the mean of its towers'
     'train_op',         # this worker's step: its gradient applied (async) or pushed (sync)
-    'step_after',       # int64: async, the global step this update claimed; sync, the
-                        # token: the global step of the update this worker waited for
-    'hooks',            # for this worker's session (the chief's: saves, summaries too)
-    'scaffold',
-    'release_workers',  # sync chief: one token per worker, handed out at the end
+    'outcome',          # fetched with train_op, for the mode: a worker_updates.Outcome
+    'hooks',            # this worker's session's: the update's, the chief's saves, summaries
+    'scaffold',         # the saver (the chief's checkpoints) and the summary op
     'decay_steps',      # int: updates between two drops of the learning rate
-    'examples_per_update',  # int: this worker's batch_size x towers
-    'replicas_to_aggregate',  # sync: gradients averaged per update; async: None
-    'loss_scale',       # fp16: mixed_precision.LossScale, on the ps; float32: None
-    'restore_fp16',     # fp16 chief: mixed_precision.restorer's restore(sess, path)
-    'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
-                        # (applied, scale, new_scale); sync chief, the skips noted since
-                        # its last step, [steps], [scales], [new scales]; else None
-    'release_step',     # sync: one token, for this worker's own step (watch_stopping_step)
+    'examples_per_update',  # int: the examples the learning-rate schedule counts per update
 ])
 
 
-def build(run, settings, worker, data, epoch, record):
+def build(run, mode, settings, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter.
 
   fp16: the loss scale lives on the ps with the variables (and in the checkpoint).
   Each worker step reads it once: the towers scale their losses by that snapshot
   and the worker divides its averaged gradient by it, so the gradient leaving the
   worker is unscaled float32 whatever the other workers did to the scale meanwhile.
-  Who checks it and skips is the update's business (async_update, sync_update).
+  Who checks it and skips is the mode's business (worker_updates).
   """
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
@@ -309,67 +300,50 @@ def build(run, settings, worker, data, epoch, record):
                               settings.use_fp16, settings.use_bf16))
     with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = average_gradients(towers.grads)
-      all_finite = None
+      fp16 = None
       if snapshot:  # fp16: the gradient leaves the worker unscaled
         grads, all_finite = mixed_precision.unscale_and_check(grads, snapshot)
+        fp16 = worker_updates.Fp16(loss_scale, snapshot.scale, all_finite)
       loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
     ema = updates.moving_averages(global_step, model)
-    update = (worker_updates.sync_update if worker.sync_replicas else
-              worker_updates.async_update)
-    train_op, step_after, hooks, release_workers, skip_check, release_step = update(
-        run, worker, opt, grads, global_step, ema, settings.max_steps,
-        loss_scale, snapshot and snapshot.scale, all_finite)
+    update = mode.build(opt, grads, global_step, ema, settings.max_steps, fp16)
     summary_op = (summaries.build_summaries(range(len(run.devices)), towers.losses, grads,
                                             lr, model, snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(saver=checkpoints.make_saver(),
                                            summary_op=summary_op)
-    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
-                    if loss_scale and run.task_index == 0 else None)
-    if run.task_index == 0:
-      hooks.extend(chief.hooks(run, settings, model, scaffold, global_step, record,
-                               KEEP_CHECKPOINTS))
-  return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
-                    release_workers, decay_steps, examples_per_update,
-                    (worker.replicas_to_aggregate or run.num_workers)
-                    if worker.sync_replicas else None, loss_scale, restore_fp16,
-                    skip_check, release_step)
+    hooks = update.hooks + (chief.hooks(run, settings, model, scaffold, global_step, record,
+                                        KEEP_CHECKPOINTS) if run.is_chief else [])
+  return TrainGraph(global_step, loss, update.train_op, update.outcome, hooks, scaffold,
+                    decay_steps, examples_per_update)
 
 
-def print_start(run, graph, settings, model, epoch):
+def print_start(run, mode, graph, settings, model, epoch):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
   print('ps tasks %s hold %d trainable parameters%s' % (
       ','.join(run.ps_hosts), startup.num_parameters(), ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
-  replicas_to_aggregate = graph.replicas_to_aggregate
-  if replicas_to_aggregate:
-    print('sync: each update averages %d gradients of %d images (%d x %d towers) from '
-          '%d workers, %d of them backup' % (
-              replicas_to_aggregate, batch_size * num_towers, batch_size, num_towers,
-              run.num_workers, max(run.num_workers - replicas_to_aggregate, 0)))
-  else:
-    print('async: each of %d workers applies its own updates of %d images (%d x %d '
-          'towers)' % (run.num_workers, batch_size * num_towers, batch_size, num_towers))
+  print(mode.mode_line(batch_size, num_towers))
   startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'worker step',
                          model, settings)
-  if graph.loss_scale is not None:
+  if settings.use_fp16:
     print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
           'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
           'halved on an overflow by %s' % (
               mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
-              'the chief' if graph.replicas_to_aggregate else 'the worker that had it'))
+              mode.scale_halved_by))
   if settings.use_bf16:
     print(mixed_precision.start_line(False, num_towers))
-  if run.task_index == 0:
+  if run.is_chief:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % settings.train_dir)
   sys.stdout.flush()
 
 
-def open_session(run, graph, train_dir, startup_timeout_secs, stop):
+def open_session(run, graph, settings, startup_timeout_secs, stop):
   """MonitoredSession: the chief initialises or restores, saves and summarises.
 
   What MonitoredTrainingSession builds, with session creators that say what
@@ -381,10 +355,14 @@ def open_session(run, graph, train_dir, startup_timeout_secs, stop):
                    'that they are running and reachable, or raise --startup_timeout_secs.'
                    % (run.who, ','.join(run.ps_hosts),
                       startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
-  if run.task_index == 0:
+  if run.is_chief:
+    # fp16: restores a float32 run's checkpoint too; its ops built before MonitoredSession
+    # finalizes the graph.
+    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
+                    if settings.use_fp16 else None)
     creator = worker_sessions.ChiefSessions(
-        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
-        graph.restore_fp16, lambda: stop.requested,
+        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, settings.train_dir,
+        restore_fp16, lambda: stop.requested,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
         # The checkpoint checkpoints.checkpoint_to_resume found and read whole, not the state file's
         # latest as TensorFlow reads it.
@@ -398,7 +376,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs, stop):
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
-def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
+def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
@@ -409,61 +387,52 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
     print('%s: global step %d is not below --max_steps=%d: nothing to do. Raise '
           '--max_steps to train further.' % (run.who, step, max_steps))
   local_step, last_shown = 0, step
+  examples_per_step = settings.batch_size * len(run.devices)  # this worker's, for its rate
   while step < max_steps and not sess.should_stop() and not stop.requested:
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
     progress.stepping.set()
-    results = run_step(sess, run, graph, step_timeout_secs)
+    results = run_step(sess, run, mode, graph, step_timeout_secs)
     progress.stepping.clear()
     if results is None:
       break  # async: the other workers have claimed the last updates (see run_step)
     duration = time.time() - start_time
-    loss_value, step_after, skip_check = results
+    loss_value, outcome = results
     local_step += 1
-    # Sync: this worker's gradient goes into the update after the one its token
-    # came from; the token it gets back is that of an update already applied.
-    shown = step + 1 if graph.replicas_to_aggregate else step_after
-
+    shown = mode.shown_step(step, outcome)
     steps.check_loss(loss_value, shown, model_name, lambda: chief.untouched(run, graph),
                      ' on ' + run.who)
-    if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
-      for note in zip(*skip_check):                 # (step, scale, new scale)
-        steps.check_skip(*note)
-    elif skip_check and not skip_check[0]:  # async fp16: this worker's own step, unapplied
-      steps.check_skip(step_after + 1, *skip_check[1:])
-      step = step_after
+    if not mode.applied(outcome):  # fp16, async: this worker's own step overflowed
+      step = outcome.step_after
       continue
     if steps.crossed(last_shown, shown, log_frequency) or local_step == 1:
-      steps.print_loss_line(shown, loss_value, graph.examples_per_update / duration,
+      steps.print_loss_line(shown, loss_value, examples_per_step / duration,
                             duration / len(run.devices),
                             ' [worker %d, local step %d]' % (run.task_index, local_step))
-    step, last_shown = step_after, shown
+    step, last_shown = outcome.step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
-  # Only at the end: after a stop the workers wait for their tokens until a chief
-  # restarted with the same command has them run on (up to --step_timeout_secs).
-  if graph.release_workers is not None and step >= max_steps:
-    sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
+  if step >= max_steps:
+    mode.release_workers(sess)
 
 
-def run_step(sess, run, graph, step_timeout_secs):
-  """One worker step under the watchdog and the step timeout: (loss, step_after,
-  skip_check), or None on OutOfRangeError: async, the other workers have claimed
+def run_step(sess, run, mode, graph, step_timeout_secs):
+  """One worker step under the watchdog and the step timeout: (loss, outcome), or None on OutOfRangeError: async, the other workers have claimed
   the last updates; sync, the token queue on the ps was closed (train() says so)."""
   slack = worker_sessions.WATCHDOG_SLACK_SECS
   run.arm_watchdog(step_timeout_secs + slack,
-                   worker_end.stuck_step_message(run, graph, step_timeout_secs + slack))
+                   mode.stuck_step_message(step_timeout_secs + slack))
   try:
-    _, loss_value, step_after, skip_check = sess.run(
-        [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
+    _, loss_value, outcome = sess.run(
+        [graph.train_op, graph.loss, graph.outcome],
         options=tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000))
   except tf.errors.OutOfRangeError:
     return None
   except tf.errors.DeadlineExceededError as e:
-    raise errors.PeerGone(worker_end.slow_step_message(run, graph, step_timeout_secs)) from e
-  return loss_value, step_after, skip_check
+    raise errors.PeerGone(mode.slow_step_message(step_timeout_secs)) from e
+  return loss_value, outcome
 
 
 def main(argv, slurm_cluster=None):

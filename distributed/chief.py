@@ -34,7 +34,7 @@ def hooks(run, settings, model, scaffold, global_step, record, keep_checkpoints)
 
 def untouched(run, graph):
   """What a worker stopping on a diverged loss leaves on disk, for its message."""
-  if run.task_index == 0:
+  if run.is_chief:
     return checkpoints.untouched_note(saved_step(run, graph))
   return 'the chief saves no checkpoint with a NaN or infinite variable.'
 
@@ -43,4 +43,4 @@ def saved_step(run, graph):
   """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
   (none yet, or not the chief)."""
   saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
-  return saves[0].last_saved if run.task_index == 0 and saves else None
+  return saves[0].last_saved if run.is_chief and saves else None

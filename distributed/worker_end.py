@@ -31,7 +31,7 @@ def stopped_without_ps(run, graph, stop, progress):
     if not stop.requested:
       raise
     saved = chief.saved_step(run, graph)
-    if run.task_index != 0 or saved == progress.step:
+    if not run.is_chief or saved == progress.step:
       steps.stopped(stop, progress.step)
     print('Stopped by %s at step %d without saving it: the ps tasks left first (%s); %s '
           'Rerun the same command to resume.' % (stop.name, progress.step,
@@ -39,35 +39,3 @@ def stopped_without_ps(run, graph, stop, progress):
                                                   checkpoints.untouched_note(saved)),
           flush=True)
     raise errors.Stopped(stop.exit_code) from None
-
-
-def ended_early_message(run, graph, step, max_steps):
-  """Why a worker's loop ended below max_steps though no signal stopped it."""
-  why = ('the token queue on the ps tasks was closed, so no averaged update can come '
-         '(restart the ps tasks too: a restarted ps opens a new one)'
-         if graph.replicas_to_aggregate else
-         'the global step went back: the chief (worker 0 at %s) restored its last '
-         'checkpoint' % run.chief_host)
-  return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
-          'stopped it: %s. Restart this task with the same command; it rejoins.'
-          % (run.who, step, max_steps, why))
-
-
-def stuck_step_message(run, graph, secs):
-  return ('%s: a step has not returned in %d s and TensorFlow did not time it out: the ps '
-          'tasks %s%s stopped answering. Restart them, or raise --step_timeout_secs.'
-          % (run.who, secs, ','.join(run.ps_hosts),
-             ' or the chief' if graph.replicas_to_aggregate else ''))
-
-
-def slow_step_message(run, graph, step_timeout_secs):
-  if graph.replicas_to_aggregate:
-    return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
-            '%d gradients, at most one from each worker, and for the chief (worker 0 at '
-            '%s) to apply them: check that the chief and at least %d workers are running, '
-            'or raise --step_timeout_secs.' % (
-                run.who, step_timeout_secs, graph.replicas_to_aggregate, run.chief_host,
-                graph.replicas_to_aggregate))
-  return ('%s: a step took more than --step_timeout_secs=%d waiting for the ps tasks %s. '
-          'Check that they are running, or raise --step_timeout_secs.'
-          % (run.who, step_timeout_secs, ','.join(run.ps_hosts)))
