@@ -145,9 +145,6 @@ def define_flags():
                       'files (default: --train_dir/eval).')
 
 
-SLURM_FLAGS = ['num_ps', 'slurm_port_base']
-
-
 class WorkerSettings(typing.NamedTuple):
   """What a worker needs beyond its Settings (training/settings.py): the mode and the waits."""
   sync_replicas: bool = False
@@ -234,8 +231,8 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   who, is_chief = 'worker %d' % task_index, task_index == 0
   checkpoint, start_step = None, 0
   if is_chief:  # before anything is written: a second chief stops here
-    chief = startup.start(exit_stack, settings, data_input, stop_when_done=False)
-    checkpoint, start_step = chief.checkpoint, chief.start_step
+    resumed = startup.start(exit_stack, settings, data_input, stop_when_done=False)
+    checkpoint, start_step = resumed.checkpoint, resumed.start_step
   else:
     startup.check_precision(settings)  # the chief's startup.start() checks it too
     if not settings.synthetic:
@@ -441,27 +438,25 @@ def main(argv, slurm_cluster=None):
   slurm_cluster: what task_cluster.slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
   errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  check_flags(FLAGS)
-  if FLAGS.local_cluster:
-    sys.exit(local_cluster.main(FLAGS))
-  cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
-  too_many = cluster_env.too_many_replicas(FLAGS.replicas_to_aggregate, len(cluster.worker_hosts))
-  if too_many:
-    sys.exit('error: ' + too_many)
-  # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
-  # the chief saves, a ps task stops waiting for the workers.
-  stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
-          if cluster.job_name != 'evaluator' else None)
-  tf.compat.v1.disable_eager_execution()
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
-  settings = trainer_settings.settings_from_flags(FLAGS)
-  if cluster.job_name == 'evaluator':
-    evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
-                  FLAGS.eval_interval_secs)
-    return
-  spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
-                                         'worker': cluster.worker_hosts})
-  with errors.one_line_errors():
+  with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    check_flags(FLAGS)
+    if FLAGS.local_cluster:
+      return local_cluster.main(FLAGS)  # its exit code: app.run exits with it
+    cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
+    # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
+    # the chief saves, a ps task stops waiting for the workers.
+    stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
+            if cluster.job_name != 'evaluator' else None)
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
+    settings = trainer_settings.settings_from_flags(FLAGS)
+    if cluster.job_name == 'evaluator':
+      evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir,
+                                                                       'eval'),
+                              FLAGS.eval_interval_secs)
+      return
+    spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
+                                           'worker': cluster.worker_hosts})
     if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':
@@ -474,32 +469,27 @@ def main(argv, slurm_cluster=None):
 
 
 def check_flags(flag_values):
-  """Stops the run, naming the flag, for a flag this program refuses or a bad value."""
+  """errors.TrainingError, naming the flag, for a flag this program refuses or a bad value."""
   for name, why in REFUSED_FLAGS.items():
     if flag_values[name].present:
-      sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
-               'take: %s.' % (name, why))
+      raise errors.TrainingError('--%s is a multi_gpu_train.py flag that dist_train.py '
+                                 'does not take: %s.' % (name, why))
   trainer_settings.apply_dataset_defaults(flag_values, DATASET_DEFAULTS)
   trainer_settings.check_trainer_flags(flag_values, also_positive=(
       'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs', 'num_ps'))
-  for name in SLURM_FLAGS:
-    if flag_values[name].present and flag_values.cluster != 'slurm':
-      sys.exit('error: --%s is for --cluster=slurm; flags and TF_CONFIG name the ps tasks '
-               'themselves' % name)
-  if not 0 < flag_values.slurm_port_base < 65536:
-    sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
-             % flag_values.slurm_port_base)
+  task_cluster.check_flags(flag_values)
   for name in ('startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'):
     if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:
-      sys.exit('error: --%s must be at most %d (a week), got %d'
-               % (name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
+      raise errors.TrainingError('--%s must be at most %d (a week), got %d' % (
+          name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
   if flag_values.replicas_to_aggregate is not None:
     if not flag_values.sync_replicas:
-      sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
-               'apply their gradients one by one' % flag_values.replicas_to_aggregate)
+      raise errors.TrainingError(
+          '--replicas_to_aggregate=%d needs --sync_replicas: async workers apply their '
+          'gradients one by one' % flag_values.replicas_to_aggregate)
     if flag_values.replicas_to_aggregate < 1:
-      sys.exit('error: --replicas_to_aggregate must be at least 1, got %d'
-               % flag_values.replicas_to_aggregate)
+      raise errors.TrainingError('--replicas_to_aggregate must be at least 1, got %d'
+                                 % flag_values.replicas_to_aggregate)
 
 
 if __name__ == '__main__':
