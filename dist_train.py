@@ -37,7 +37,6 @@ network namespace with only a loopback interface, where Linux permits it.
 Per worker step, expect multi_gpu_train.py's time per step plus the time to send
 the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 """
-import os
 import sys
 
 from training import prelude
@@ -55,8 +54,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from distributed import (chief, cluster_env, evaluator, local_cluster, ps_placement, ps_task,
-                         task_cluster, worker_end, worker_sessions, worker_updates)
+from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, task_cluster,
+                         worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -111,13 +110,12 @@ def define_flags():
   cluster's. Called when this file runs as a program: importing it defines none."""
   trainer_settings.define_trainer_flags(DATASET_DEFAULTS, NUM_GPUS, LOG_FREQUENCY,
                                         SUMMARY_STEPS, SAVE_EVERY_N_STEPS)
-  for flag in FLAGS.get_key_flags_for_module(trainer_settings):  # in our --helpshort too
-    if flag.name not in REFUSED_FLAGS:
-      flags.declare_key_flag(flag.name)
-  flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
-  flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
-  flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
-  flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
+  task_cluster.define_flags()  # which cluster, which task: the flags task_cluster reads
+  evaluator.define_flags(EVAL_INTERVAL_SECS)
+  for module in (trainer_settings, task_cluster, evaluator):
+    for flag in FLAGS.get_key_flags_for_module(module):  # in our --helpshort too
+      if flag.name not in REFUSED_FLAGS:
+        flags.declare_key_flag(flag.name)
   flags.DEFINE_boolean('sync_replicas', False, 'Average the workers\' gradients before '
                        'each update (SyncReplicasOptimizer) instead of applying each.')
   flags.DEFINE_integer('replicas_to_aggregate', None, 'Sync: gradients averaged per update; '
@@ -126,23 +124,6 @@ def define_flags():
                        'waits for the ps tasks to answer and for the chief to initialise.')
   flags.DEFINE_integer('step_timeout_secs', STEP_TIMEOUT_SECS, 'Seconds one step may take '
                        '(sync: including the wait for the averaged update).')
-  flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
-                       '(127.0.0.1, localhost). The servers have no authentication: use only '
-                       'on a network where everyone who can reach the ports is trusted.')
-  flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
-                      'with free ports, print their logs, and stop them all at the end.')
-  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm', 'jobset'], 'Where the cluster '
-                    'and this task come from: tf_config (Kubeflow TFJob), slurm (srun), jobset '
-                    '(Kubernetes JobSet), or \'\': the flags above when --job_name is given, '
-                    'else TF_CONFIG when set.')
-  flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
-                       'step are ps tasks, the rest workers.')
-  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
-                       'task listens on this port + its index among its node\'s tasks.')
-  flags.DEFINE_integer('eval_interval_secs', EVAL_INTERVAL_SECS, 'TF_CONFIG\'s evaluator: '
-                       'seconds between looks for a new checkpoint in --train_dir.')
-  flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
-                      'files (default: --train_dir/eval).')
 
 
 class WorkerSettings(typing.NamedTuple):
@@ -161,9 +142,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
     settings: a training.settings.Settings (its fresh, seed and async_towers unused).
     worker: a WorkerSettings.
-    stop: a signals.StopSignals, or None (tests): when it is requested the
-      loop ends after the current step, the chief saves, and errors.Stopped
-      is raised.
+    stop: a signals.StopSignals, or None (tests): once requested, the loop ends after
+      its step, the chief saves, and errors.Stopped is raised.
     flag_values: dict, the command line's flags, for the chief's run record.
   """
   stop = stop or steps.NEVER
@@ -194,15 +174,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                            % (run.who, progress.step))
         # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
-  step, local_step = progress.step, progress.local_step
-  if stop.requested:  # saved: the ps tasks may leave once the chief has said so
-    worker_end.report_to_ps(run, stopped=True)
-    steps.stopped(stop, step)
-  if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
-    raise errors.PeerGone(mode.ended_early_message(step, settings.max_steps))
-  # The session is closed, the chief's last checkpoint written: the ps tasks may end.
-  worker_end.report_to_ps(run, stopped=False)
-  print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
+  worker_end.end(run, mode, stop, progress, settings.max_steps)  # says so; tells the ps
 
 
 WorkerRun = collections.namedtuple('WorkerRun', [
@@ -241,13 +213,7 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   config = placement.session_config(num_cpu_devices, settings.session)
   # Only the ps tasks and this worker: no worker waits for another to start.
   config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
-  try:
-    server = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=task_index,
-                                       config=config)
-  except tf.errors.OpError as e:
-    raise errors.TrainingError('%s cannot listen on %s: %s. Is the port in use?'
-                        % (who, cluster.task_address('worker', task_index),
-                           str(e).splitlines()[0])) from e
+  server = task_cluster.start_server(cluster, 'worker', task_index, who, config)
   arm_watchdog = worker_sessions.start_watchdog()
   # Stopped or not: a chief stopped at start-up still opens its session and saves.
   worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
@@ -271,11 +237,10 @@ TrainGraph = collections.namedtuple('TrainGraph', [
 def build(run, mode, settings, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter.
 
-  fp16: the loss scale lives on the ps with the variables (and in the checkpoint).
-  Each worker step reads it once: the towers scale their losses by that snapshot
-  and the worker divides its averaged gradient by it, so the gradient leaving the
-  worker is unscaled float32 whatever the other workers did to the scale meanwhile.
-  Who checks it and skips is the mode's business (worker_updates).
+  fp16: the loss scale lives on the ps with the variables (and in the checkpoint). Each
+  worker step reads it once: the towers scale their losses by that snapshot and the
+  worker unscales its averaged gradient by it, so what leaves the worker is float32
+  whatever the others did to the scale meanwhile. The mode checks it and skips.
   """
   examples_per_update = settings.batch_size * len(run.devices)
   model = data.model
@@ -287,8 +252,7 @@ def build(run, mode, settings, data, epoch, record):
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
-    loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
-                  if settings.use_fp16 else None)
+    loss_scale = mixed_precision.make_loss_scale() if settings.use_fp16 else None
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
       snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
@@ -327,11 +291,7 @@ def print_start(run, mode, graph, settings, model, epoch):
   startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'worker step',
                          model, settings)
   if settings.use_fp16:
-    print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
-          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
-          'halved on an overflow by %s' % (
-              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
-              mode.scale_halved_by))
+    print(mode.fp16_line())
   if settings.use_bf16:
     print(mixed_precision.start_line(False, num_towers))
   if run.is_chief:
@@ -347,22 +307,19 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
   happened and wait for the ps tasks when a session must be reopened (unless a
   stop was asked for: then they raise errors.PeerGone at once).
   """
-  run.arm_watchdog(startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
-                   '%s could not open a session with the ps tasks %s within %d s. Check '
-                   'that they are running and reachable, or raise --startup_timeout_secs.'
-                   % (run.who, ','.join(run.ps_hosts),
-                      startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
+  secs = startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
+  run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
+                   'Check that they are running and reachable, or raise '
+                   '--startup_timeout_secs.' % (run.who, ','.join(run.ps_hosts), secs))
   if run.is_chief:
-    # fp16: restores a float32 run's checkpoint too; its ops built before MonitoredSession
-    # finalizes the graph.
+    # fp16: also a float32 run's checkpoint; built before MonitoredSession finalizes the graph
     restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
                     if settings.use_fp16 else None)
     creator = worker_sessions.ChiefSessions(
         run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, settings.train_dir,
         restore_fp16, lambda: stop.requested,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
-        # The checkpoint checkpoints.checkpoint_to_resume found and read whole, not the state file's
-        # latest as TensorFlow reads it.
+        # The checkpoint start() found and read whole, not the state file's latest.
         checkpoint_filename_with_path=run.checkpoint)
   else:
     creator = worker_sessions.WorkerSessions(
@@ -384,7 +341,6 @@ def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
     print('%s: global step %d is not below --max_steps=%d: nothing to do. Raise '
           '--max_steps to train further.' % (run.who, step, max_steps))
   local_step, last_shown = 0, step
-  examples_per_step = settings.batch_size * len(run.devices)  # this worker's, for its rate
   while step < max_steps and not sess.should_stop() and not stop.requested:
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
@@ -403,7 +359,7 @@ def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
       step = outcome.step_after
       continue
     if steps.crossed(last_shown, shown, log_frequency) or local_step == 1:
-      steps.print_loss_line(shown, loss_value, examples_per_step / duration,
+      steps.print_loss_line(shown, loss_value, settings.batch_size * len(run.devices) / duration,
                             duration / len(run.devices),
                             ' [worker %d, local step %d]' % (run.task_index, local_step))
     step, last_shown = outcome.step_after, shown
@@ -416,15 +372,15 @@ def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
 
 
 def run_step(sess, run, mode, graph, step_timeout_secs):
-  """One worker step under the watchdog and the step timeout: (loss, outcome), or None on OutOfRangeError: async, the other workers have claimed
-  the last updates; sync, the token queue on the ps was closed (train() says so)."""
-  slack = worker_sessions.WATCHDOG_SLACK_SECS
-  run.arm_watchdog(step_timeout_secs + slack,
-                   mode.stuck_step_message(step_timeout_secs + slack))
+  """One worker step under the watchdog and the step timeout: (loss, outcome), or None
+  on OutOfRangeError: async, the other workers have claimed the last updates; sync,
+  the token queue on the ps was closed (train() says so)."""
+  secs = step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
+  run.arm_watchdog(secs, mode.stuck_step_message(secs))
+  options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   try:
-    _, loss_value, outcome = sess.run(
-        [graph.train_op, graph.loss, graph.outcome],
-        options=tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000))
+    _, loss_value, outcome = sess.run([graph.train_op, graph.loss, graph.outcome],
+                                      options=options)
   except tf.errors.OutOfRangeError:
     return None
   except tf.errors.DeadlineExceededError as e:
@@ -451,17 +407,13 @@ def main(argv, slurm_cluster=None):
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
     settings = trainer_settings.settings_from_flags(FLAGS)
     if cluster.job_name == 'evaluator':
-      evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir,
-                                                                       'eval'),
-                              FLAGS.eval_interval_secs)
-      return
+      return evaluator.run_evaluator(settings, FLAGS.eval_dir, FLAGS.eval_interval_secs)
     spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                            'worker': cluster.worker_hosts})
     if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':
-      ps_task.run_ps(spec, cluster.task_index, stop)
-      return
+      return ps_task.run_ps(spec, cluster.task_index, stop)
     worker = WorkerSettings(**{name: FLAGS[name].value for name in WorkerSettings._fields})
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
@@ -482,14 +434,12 @@ def check_flags(flag_values):
     if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:
       raise errors.TrainingError('--%s must be at most %d (a week), got %d' % (
           name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
-  if flag_values.replicas_to_aggregate is not None:
-    if not flag_values.sync_replicas:
-      raise errors.TrainingError(
-          '--replicas_to_aggregate=%d needs --sync_replicas: async workers apply their '
-          'gradients one by one' % flag_values.replicas_to_aggregate)
-    if flag_values.replicas_to_aggregate < 1:
-      raise errors.TrainingError('--replicas_to_aggregate must be at least 1, got %d'
-                                 % flag_values.replicas_to_aggregate)
+  replicas = flag_values.replicas_to_aggregate
+  if replicas is not None and not flag_values.sync_replicas:
+    raise errors.TrainingError('--replicas_to_aggregate=%d needs --sync_replicas: async '
+                               'workers apply their gradients one by one' % replicas)
+  if replicas is not None and replicas < 1:
+    raise errors.TrainingError('--replicas_to_aggregate must be at least 1, got %d' % replicas)
 
 
 if __name__ == '__main__':

@@ -5,11 +5,33 @@ import os
 import sys
 
 from absl import flags
+import tensorflow as tf
 
 from distributed import cluster_env, local_cluster
 from training import errors
 
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']  # mean something with --cluster=slurm only
+
+
+def define_flags():
+  """The flags that say which cluster this task is in and which task it is."""
+  flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
+  flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
+  flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
+  flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
+  flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
+                       '(127.0.0.1, localhost). The servers have no authentication: use only '
+                       'on a network where everyone who can reach the ports is trusted.')
+  flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
+                      'with free ports, print their logs, and stop them all at the end.')
+  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm', 'jobset'], 'Where the cluster '
+                    'and this task come from: tf_config (Kubeflow TFJob), slurm (srun), jobset '
+                    '(Kubernetes JobSet), or \'\': the flags above when --job_name is given, '
+                    'else TF_CONFIG when set.')
+  flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
+                       'step are ps tasks, the rest workers.')
+  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
+                       'task listens on this port + its index among its node\'s tasks.')
 
 
 def check_flags(flag_values):
@@ -90,6 +112,17 @@ def cluster_of_host_flags(flag_values):
   if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
     print(cluster_env.exposure_warning(cluster), flush=True)
   return cluster
+
+
+def start_server(spec, job_name, task_index, who, config=None):
+  """This task's tf.compat.v1.train.Server, or errors.TrainingError naming its port."""
+  try:
+    return tf.compat.v1.train.Server(spec, job_name=job_name, task_index=task_index,
+                                     config=config)
+  except tf.errors.OpError as e:
+    raise errors.TrainingError('%s cannot listen on %s: %s. Is the port in use?'
+                               % (who, spec.task_address(job_name, task_index),
+                                  str(e).splitlines()[0])) from e
 
 
 def slurm_cluster_first(argv, flag_values):

@@ -1,5 +1,5 @@
-"""How a worker's run ends beyond its step loop: what it tells the ps tasks, and the
-one line of a worker stopped by a signal whose ps tasks left first.
+"""How a worker's run ends beyond its step loop: what it says, what it tells the ps
+tasks, and the one line of a worker stopped by a signal whose ps tasks left first.
 """
 import contextlib
 
@@ -7,6 +7,24 @@ from distributed import chief, ps_shutdown, worker_sessions
 from training import checkpoints, errors, steps
 
 STOPPED_REPORT_SECS = 5      # a stopped worker tells the ps tasks so for at most this long
+
+
+def end(run, mode, stop, progress, max_steps):
+  """Once the session is closed (the chief's last checkpoint written): says how this
+  worker ended and tells the ps tasks, which may then leave.
+
+  Raises:
+    errors.Stopped: stopped by a signal. errors.PeerGone: ended below max_steps
+    without one (mode.ended_early_message says why): not finished, it says nothing.
+  """
+  step, local_step = progress.step, progress.local_step
+  if stop.requested:  # saved: the ps tasks may leave once the chief has said so
+    report_to_ps(run, stopped=True)
+    steps.stopped(stop, step)
+  if step < max_steps:
+    raise errors.PeerGone(mode.ended_early_message(step, max_steps))
+  report_to_ps(run, stopped=False)
+  print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
 
 
 def report_to_ps(run, stopped):

@@ -12,8 +12,8 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
     mode.release_workers(sess)       # at the end: the sync chief hands out the last tokens
     mode.release_stopping_step()     # stopping: sync's token for a step left waiting
     mode.mode_line(...), mode.stuck_step_message(secs), mode.slow_step_message(secs),
-    mode.ended_early_message(step, max_steps), mode.gradients_per_update,
-    mode.scale_halved_by            # what start-up and the faults say
+    mode.ended_early_message(step, max_steps), mode.fp16_line(),
+    mode.gradients_per_update       # what start-up and the faults say
 
 With --use_fp16 a gradient that overflowed is not applied: async, by the worker
 that computed it; sync, by the chief's queue runner, which checks the aggregate.
@@ -170,7 +170,6 @@ class AsyncUpdates:
   """Each worker applies its own averaged gradient, then the moving averages: one
   global step per worker step, claimed first, so exactly max_steps land."""
   gradients_per_update = 1
-  scale_halved_by = 'the worker that had it'  # fp16: who sees an overflow and skips
 
   def __init__(self, run):
     self._run = run  # dist_train.py's WorkerRun: who, ps_hosts, chief_host, ...
@@ -214,6 +213,9 @@ class AsyncUpdates:
   def release_stopping_step(self):
     return None  # an async step waits for no other worker
 
+  def fp16_line(self):
+    return _fp16_line('the worker that had it')
+
   def mode_line(self, batch_size, num_towers):
     return ('async: each of %d workers applies its own updates of %d images (%d x %d '
             'towers)' % (self._run.num_workers, batch_size * num_towers, batch_size,
@@ -236,7 +238,6 @@ class AsyncUpdates:
 class SyncUpdates:
   """SyncReplicasOptimizer: gradients_per_update gradients averaged per update, the
   moving averages stepped right after each update, on the chief's queue runner."""
-  scale_halved_by = 'the chief'
 
   def __init__(self, run, replicas_to_aggregate=None):
     self._run = run
@@ -295,6 +296,9 @@ class SyncUpdates:
     return worker_sessions.release_op_runner(self._run.server.target, self._run.config,
                                              self._release_step)
 
+  def fp16_line(self):
+    return _fp16_line('the chief')  # its queue runner checks each averaged update
+
   def mode_line(self, batch_size, num_towers):
     run, n = self._run, self.gradients_per_update
     return ('sync: each update averages %d gradients of %d images (%d x %d towers) from '
@@ -317,6 +321,13 @@ class SyncUpdates:
             '%s) to apply them: check that the chief and at least %d workers are running, '
             'or raise --step_timeout_secs.' % (self._run.who, step_timeout_secs, n,
                                                self._run.chief_host, n))
+
+
+def _fp16_line(halved_by):
+  return ('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
+          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
+          'halved on an overflow by %s' % (mixed_precision.INITIAL_LOSS_SCALE,
+                                           mixed_precision.LOSS_SCALE_PERIOD, halved_by))
 
 
 def _ended_early(run, step, max_steps, why):
