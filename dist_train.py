@@ -242,7 +242,8 @@ def build(run, mode, settings, data, epoch, record):
   worker unscales its averaged gradient by it, so what leaves the worker is float32
   whatever the others did to the scale meanwhile. The mode checks it and skips.
   """
-  examples_per_update = settings.batch_size * len(run.devices)
+  # The schedule counts updates; an epoch is the same examples however updates group them.
+  examples_per_update = settings.batch_size * len(run.devices) * mode.gradients_per_update
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
@@ -288,8 +289,8 @@ def print_start(run, mode, graph, settings, model, epoch):
   print('ps tasks %s hold %d trainable parameters%s' % (
       ','.join(run.ps_hosts), startup.num_parameters(), ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
   print(mode.mode_line(batch_size, num_towers))
-  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'worker step',
-                         model, settings)
+  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update,
+                         mode.update_name, model, settings)
   if settings.use_fp16:
     print(mode.fp16_line())
   if settings.use_bf16:

@@ -13,7 +13,7 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
     mode.release_stopping_step()     # stopping: sync's token for a step left waiting
     mode.mode_line(...), mode.stuck_step_message(secs), mode.slow_step_message(secs),
     mode.ended_early_message(step, max_steps), mode.fp16_line(),
-    mode.gradients_per_update       # what start-up and the faults say
+    mode.gradients_per_update, mode.update_name  # what start-up and the faults say
 
 With --use_fp16 a gradient that overflowed is not applied: async, by the worker
 that computed it; sync, by the chief's queue runner, which checks the aggregate.
@@ -170,6 +170,7 @@ class AsyncUpdates:
   """Each worker applies its own averaged gradient, then the moving averages: one
   global step per worker step, claimed first, so exactly max_steps land."""
   gradients_per_update = 1
+  update_name = 'worker step'  # what the schedule's line calls one update
 
   def __init__(self, run):
     self._run = run  # dist_train.py's WorkerRun: who, ps_hosts, chief_host, ...
@@ -238,9 +239,11 @@ class AsyncUpdates:
 class SyncUpdates:
   """SyncReplicasOptimizer: gradients_per_update gradients averaged per update, the
   moving averages stepped right after each update, on the chief's queue runner."""
+  update_name = 'update'  # of gradients_per_update worker steps
 
   def __init__(self, run, replicas_to_aggregate=None):
     self._run = run
+    # Each update sees this many worker batches: the learning-rate schedule counts them all.
     self.gradients_per_update = replicas_to_aggregate or run.num_workers
     self._release_workers = self._release_step = None  # the tokens' ops, made by build()
 
