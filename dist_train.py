@@ -37,14 +37,12 @@ network namespace with only a loopback interface, where Linux permits it.
 Per worker step, expect multi_gpu_train.py's time per step plus the time to send
 the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
 """
-import os
 import sys
 
 from training import prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, --onednn, signals
-                                              # held for the step loop, TensorFlow imported quietly
+  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, signals held, TensorFlow
 
 import collections
 import contextlib
@@ -56,8 +54,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from distributed import (cluster_env, evaluator, local_cluster, ps_placement, ps_shutdown, ps_task,
-                         task_cluster, worker_sessions, worker_updates)
+from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, task_cluster,
+                         worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -90,7 +88,6 @@ STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for th
 QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
                              # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
-STOPPED_REPORT_SECS = 5      # a stopped worker tells the ps tasks so for at most this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
 
@@ -113,13 +110,12 @@ def define_flags():
   cluster's. Called when this file runs as a program: importing it defines none."""
   trainer_settings.define_trainer_flags(DATASET_DEFAULTS, NUM_GPUS, LOG_FREQUENCY,
                                         SUMMARY_STEPS, SAVE_EVERY_N_STEPS)
-  for flag in FLAGS.get_key_flags_for_module(trainer_settings):  # in our --helpshort too
-    if flag.name not in REFUSED_FLAGS:
-      flags.declare_key_flag(flag.name)
-  flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
-  flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
-  flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
-  flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
+  task_cluster.define_flags()  # which cluster, which task: the flags task_cluster reads
+  evaluator.define_flags(EVAL_INTERVAL_SECS)
+  for module in (trainer_settings, task_cluster, evaluator):
+    for flag in FLAGS.get_key_flags_for_module(module):  # in our --helpshort too
+      if flag.name not in REFUSED_FLAGS:
+        flags.declare_key_flag(flag.name)
   flags.DEFINE_boolean('sync_replicas', False, 'Average the workers\' gradients before '
                        'each update (SyncReplicasOptimizer) instead of applying each.')
   flags.DEFINE_integer('replicas_to_aggregate', None, 'Sync: gradients averaged per update; '
@@ -128,26 +124,6 @@ def define_flags():
                        'waits for the ps tasks to answer and for the chief to initialise.')
   flags.DEFINE_integer('step_timeout_secs', STEP_TIMEOUT_SECS, 'Seconds one step may take '
                        '(sync: including the wait for the averaged update).')
-  flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
-                       '(127.0.0.1, localhost). The servers have no authentication: use only '
-                       'on a network where everyone who can reach the ports is trusted.')
-  flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
-                      'with free ports, print their logs, and stop them all at the end.')
-  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm', 'jobset'], 'Where the cluster '
-                    'and this task come from: tf_config (Kubeflow TFJob), slurm (srun), jobset '
-                    '(Kubernetes JobSet), or \'\': the flags above when --job_name is given, '
-                    'else TF_CONFIG when set.')
-  flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
-                       'step are ps tasks, the rest workers.')
-  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
-                       'task listens on this port + its index among its node\'s tasks.')
-  flags.DEFINE_integer('eval_interval_secs', EVAL_INTERVAL_SECS, 'TF_CONFIG\'s evaluator: '
-                       'seconds between looks for a new checkpoint in --train_dir.')
-  flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
-                      'files (default: --train_dir/eval).')
-
-
-SLURM_FLAGS = ['num_ps', 'slurm_port_base']
 
 
 class WorkerSettings(typing.NamedTuple):
@@ -166,89 +142,46 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
     settings: a training.settings.Settings (its fresh, seed and async_towers unused).
     worker: a WorkerSettings.
-    stop: a signals.StopSignals, or None (tests): when it is requested the
-      loop ends after the current step, the chief saves, and errors.Stopped
-      is raised.
+    stop: a signals.StopSignals, or None (tests): once requested, the loop ends after
+      its step, the chief saves, and errors.Stopped is raised.
     flag_values: dict, the command line's flags, for the chief's run record.
   """
   stop = stop or steps.NEVER
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input)
-    record = (chief_run_record(run, settings, data, flag_values) if run.task_index == 0
-              else None)
+    mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
+            if worker.sync_replicas else worker_updates.AsyncUpdates(run))
+    record = (chief.record(run, settings, data, flag_values, sys.modules[__name__])
+              if run.is_chief else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
-      graph = build(run, settings, worker, data, epoch, record)
+      graph = build(run, mode, settings, data, epoch, record)
       startup.check_memory([graph.train_op, graph.loss] + (  # before writing
           [graph.scaffold.summary_op] if graph.scaffold.summary_op is not None else []),
           settings)
       if record:
         run_record.write_and_compare(settings.train_dir, record)
-      print_start(run, graph, settings, data.model, epoch)
-      worker_sessions.watch_stopping_step(
-          stop, progress, run.who, run.task_index == 0, graph.release_step and
-          worker_sessions.release_op_runner(run.server.target, run.config,
-                                            graph.release_step))
-      with stopped_without_ps(run, graph, stop, progress):
-        with open_session(run, graph, settings.train_dir, worker.startup_timeout_secs,
-                          stop) as sess:
-          loop(sess, run, graph, settings, worker.step_timeout_secs, stop, progress)
+      print_start(run, mode, graph, settings, data.model, epoch)
+      worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
+                                          mode.release_stopping_step())
+      with worker_end.stopped_without_ps(run, graph, stop, progress):
+        with open_session(run, graph, settings, worker.startup_timeout_secs, stop) as sess:
+          loop(sess, run, mode, graph, settings, worker.step_timeout_secs, stop, progress)
           run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                            '%s: closing the session hung after the last step (%d)'
                            % (run.who, progress.step))
         # Closed: the chief's SaveCheckpoints hook has saved the last step.
     run.arm_watchdog(None, '')
-  saved = saved_step(run, graph)  # the chief's last save, at close: async workers may have
-  step = progress.step if saved is None else saved  # moved the step on since its last read
-  local_step = progress.local_step
-  if stop.requested:  # saved: the ps tasks may leave once the chief has said so
-    report_to_ps(run, stopped=True)
-    steps.stopped(stop, step)
-  if step < settings.max_steps:  # ended early, not by a signal: not finished, say nothing
-    raise errors.PeerGone(ended_early_message(run, graph, step, settings.max_steps))
-  # The session is closed, the chief's last checkpoint written: the ps tasks may end.
-  report_to_ps(run, stopped=False)
-  print('%s done: %d local steps, global step %d' % (run.who, local_step, step), flush=True)
-
-
-@contextlib.contextmanager
-def stopped_without_ps(run, graph, stop, progress):
-  """A stopped worker whose ps tasks left first stops as a stopped worker: one line,
-  the signal's exit code. Only the chief has anything to lose: it says what is on
-  disk. (The ps tasks serve the chief's save; this is for a ps task that was killed.)"""
-  try:
-    yield
-  except worker_sessions.PS_GONE_ERRORS as e:
-    if not stop.requested:
-      raise
-    saved = saved_step(run, graph)
-    if run.task_index != 0 or saved == progress.step:
-      steps.stopped(stop, progress.step)
-    print('Stopped by %s at step %d without saving it: the ps tasks left first (%s); %s '
-          'Rerun the same command to resume.' % (stop.name, progress.step,
-                                                  errors.one_line(e),
-                                                  checkpoints.untouched_note(saved)),
-          flush=True)
-    raise errors.Stopped(stop.exit_code) from None
-
-
-def report_to_ps(run, stopped):
-  """Tells the ps tasks this worker has finished, or has stopped (the chief: saved)."""
-  timeout_secs = STOPPED_REPORT_SECS if stopped else ps_shutdown.REPORT_TIMEOUT_SECS
-  if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
-                                     run.config, timeout_secs=timeout_secs, stopped=stopped):
-    print('%s: the ps tasks did not answer within %d s to hear that it has %s; they have '
-          'ended already%s' % (run.who, timeout_secs, 'stopped' if stopped else 'finished',
-                               '' if stopped else ', or will once the chief has'),
-          flush=True)
+  worker_end.end(run, mode, graph, stop, progress, settings.max_steps)  # tells the ps
 
 
 WorkerRun = collections.namedtuple('WorkerRun', [
     'who',           # 'worker 1'
     'cluster',       # tf.compat.v1.train.ClusterSpec
-    'task_index',    # int; 0 is the chief
+    'task_index',    # int
+    'is_chief',      # worker 0: it initialises or restores, saves and summarises
     'num_workers',   # int
     'ps_hosts',      # ['host:port', ...]
     'chief_host',    # 'host:port' of worker 0
@@ -267,11 +200,11 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
 
   The chief's lock on train_dir is held until exit_stack closes.
   """
-  who = 'worker %d' % task_index
+  who, is_chief = 'worker %d' % task_index, task_index == 0
   checkpoint, start_step = None, 0
-  if task_index == 0:  # before anything is written: a second chief stops here
-    chief = startup.start(exit_stack, settings, data_input, stop_when_done=False)
-    checkpoint, start_step = chief.checkpoint, chief.start_step
+  if is_chief:  # before anything is written: a second chief stops here
+    resumed = startup.start(exit_stack, settings, data_input, stop_when_done=False)
+    checkpoint, start_step = resumed.checkpoint, resumed.start_step
   else:
     startup.check_precision(settings)  # the chief's startup.start() checks it too
     if not settings.synthetic:
@@ -280,61 +213,37 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input):
   config = placement.session_config(num_cpu_devices, settings.session)
   # Only the ps tasks and this worker: no worker waits for another to start.
   config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
-  try:
-    server = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=task_index,
-                                       config=config)
-  except tf.errors.OpError as e:
-    raise errors.TrainingError('%s cannot listen on %s: %s. Is the port in use?'
-                        % (who, cluster.task_address('worker', task_index),
-                           str(e).splitlines()[0])) from e
+  server = task_cluster.start_server(cluster, 'worker', task_index, who, config)
   arm_watchdog = worker_sessions.start_watchdog()
   # Stopped or not: a chief stopped at start-up still opens its session and saves.
   worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
-  return WorkerRun(who, cluster, task_index, cluster.num_tasks('worker'),
+  return WorkerRun(who, cluster, task_index, is_chief, cluster.num_tasks('worker'),
                    cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
 
 
-def chief_run_record(run, settings, data, flag_values):
-  """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster."""
-  record = run_record.describe(
-      {'dist_train.py': run_record.constants_of(sys.modules[__name__])},
-      flag_values, settings, run.devices, run.start_step, data)
-  record['cluster'] = run.cluster.as_dict()
-  return record
-
-
 TrainGraph = collections.namedtuple('TrainGraph', [
     'global_step',      # int64 variable, on the ps
-    'loss',             # float32 scalar: this worker's loss
+    'loss',             # float32 scalar: this worker's loss, the mean of its towers'
     'train_op',         # this worker's step: its gradient applied (async) or pushed (sync)
-    'step_after',       # int64: async, the global step this update claimed; sync, the
-                        # token: the global step of the update this worker waited for
-    'hooks',            # for this worker's session (the chief's: saves, summaries too)
-    'scaffold',
-    'release_workers',  # sync chief: one token per worker, handed out at the end
+    'outcome',          # fetched with train_op, for the mode: a worker_updates.Outcome
+    'hooks',            # this worker's session's: the update's, the chief's saves, summaries
+    'scaffold',         # the saver (the chief's checkpoints) and the summary op
     'decay_steps',      # int: updates between two drops of the learning rate
-    'examples_per_update',  # int: this worker's batch_size x towers
-    'replicas_to_aggregate',  # sync: gradients averaged per update; async: None
-    'loss_scale',       # fp16: mixed_precision.LossScale, on the ps; float32: None
-    'restore_fp16',     # fp16 chief: mixed_precision.restorer's restore(sess, path)
-    'skip_check',       # fp16, fetched with each step to see skips: async, this worker's
-                        # (applied, scale, new_scale); sync chief, the skips noted since
-                        # its last step, [steps], [scales], [new scales]; else None
-    'release_step',     # sync: one token, for this worker's own step (watch_stopping_step)
+    'examples_per_update',  # int: the examples the learning-rate schedule counts per update
 ])
 
 
-def build(run, settings, worker, data, epoch, record):
+def build(run, mode, settings, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter.
 
-  fp16: the loss scale lives on the ps with the variables (and in the checkpoint).
-  Each worker step reads it once: the towers scale their losses by that snapshot
-  and the worker divides its averaged gradient by it, so the gradient leaving the
-  worker is unscaled float32 whatever the other workers did to the scale meanwhile.
-  Who checks it and skips is the update's business (async_update, sync_update).
+  fp16: the loss scale lives on the ps with the variables (and in the checkpoint). Each
+  worker step reads it once: the towers scale their losses by that snapshot and the
+  worker unscales its averaged gradient by it, so what leaves the worker is float32
+  whatever the others did to the scale meanwhile. The mode checks it and skips.
   """
-  examples_per_update = settings.batch_size * len(run.devices)
+  # The schedule counts updates; an epoch is the same examples however updates group them.
+  examples_per_update = settings.batch_size * len(run.devices) * mode.gradients_per_update
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
@@ -344,8 +253,7 @@ def build(run, settings, worker, data, epoch, record):
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
-    loss_scale = (mixed_precision.make_loss_scale(mixed_precision.INITIAL_LOSS_SCALE)
-                  if settings.use_fp16 else None)
+    loss_scale = mixed_precision.make_loss_scale() if settings.use_fp16 else None
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
       snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
@@ -354,99 +262,65 @@ def build(run, settings, worker, data, epoch, record):
                               settings.use_fp16, settings.use_bf16))
     with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = average_gradients(towers.grads)
-      all_finite = None
+      fp16 = None
       if snapshot:  # fp16: the gradient leaves the worker unscaled
         grads, all_finite = mixed_precision.unscale_and_check(grads, snapshot)
+        fp16 = worker_updates.Fp16(loss_scale, snapshot.scale, all_finite)
       loss = tf.reduce_mean(tf.stack(towers.losses), name='total_loss')
     ema = updates.moving_averages(global_step, model)
-    update = (worker_updates.sync_update if worker.sync_replicas else
-              worker_updates.async_update)
-    train_op, step_after, hooks, release_workers, skip_check, release_step = update(
-        run, worker, opt, grads, global_step, ema, settings.max_steps,
-        loss_scale, snapshot and snapshot.scale, all_finite)
+    update = mode.build(opt, grads, global_step, ema, settings.max_steps, fp16)
     summary_op = (summaries.build_summaries(range(len(run.devices)), towers.losses, grads,
                                             lr, model, snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     scaffold = tf.compat.v1.train.Scaffold(saver=checkpoints.make_saver(),
                                            summary_op=summary_op)
-    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
-                    if loss_scale and run.task_index == 0 else None)
-    if run.task_index == 0:
-      hooks.extend(chief_hooks(run, settings, model, scaffold, global_step, record))
-  return TrainGraph(global_step, loss, train_op, step_after, hooks, scaffold,
-                    release_workers, decay_steps, examples_per_update,
-                    (worker.replicas_to_aggregate or run.num_workers)
-                    if worker.sync_replicas else None, loss_scale, restore_fp16,
-                    skip_check, release_step)
+    hooks = update.hooks + (chief.hooks(run, settings, model, scaffold, global_step, record,
+                                        KEEP_CHECKPOINTS) if run.is_chief else [])
+  return TrainGraph(global_step, loss, update.train_op, update.outcome, hooks, scaffold,
+                    decay_steps, examples_per_update)
 
 
-def chief_hooks(run, settings, model, scaffold, global_step, record):
-  """The chief's checkpoints (SaveCheckpoints) and summaries, through
-  the machinery multi_gpu_train.py saves and summarises with."""
-  hooks = []
-  if scaffold.summary_op is not None:  # first: its step time ends before a save starts
-    hooks.append(worker_sessions.WriteSummaries(
-        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record,
-        settings.batch_size * len(run.devices)))
-  hooks.append(worker_sessions.SaveCheckpoints(
-      settings.train_dir, settings.save_every_n_steps, KEEP_CHECKPOINTS, scaffold.saver,
-      global_step, checkpoints.all_variables_finite(), model.__name__,
-      run.start_step if run.checkpoint else None))
-  return hooks
-
-
-def print_start(run, graph, settings, model, epoch):
+def print_start(run, mode, graph, settings, model, epoch):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
   print('ps tasks %s hold %d trainable parameters%s' % (
       ','.join(run.ps_hosts), startup.num_parameters(), ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
-  replicas_to_aggregate = graph.replicas_to_aggregate
-  if replicas_to_aggregate:
-    print('sync: each update averages %d gradients of %d images (%d x %d towers) from '
-          '%d workers, %d of them backup' % (
-              replicas_to_aggregate, batch_size * num_towers, batch_size, num_towers,
-              run.num_workers, max(run.num_workers - replicas_to_aggregate, 0)))
-  else:
-    print('async: each of %d workers applies its own updates of %d images (%d x %d '
-          'towers)' % (run.num_workers, batch_size * num_towers, batch_size, num_towers))
-  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update, 'worker step',
-                         model, settings)
-  if graph.loss_scale is not None:
-    print('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
-          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
-          'halved on an overflow by %s' % (
-              mixed_precision.INITIAL_LOSS_SCALE, mixed_precision.LOSS_SCALE_PERIOD,
-              'the chief' if graph.replicas_to_aggregate else 'the worker that had it'))
+  print(mode.mode_line(batch_size, num_towers))
+  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update,
+                         mode.update_name, model, settings)
+  if settings.use_fp16:
+    print(mode.fp16_line())
   if settings.use_bf16:
     print(mixed_precision.start_line(False, num_towers))
-  if run.task_index == 0:
+  if run.is_chief:
     print('Resuming from %s at step %d' % (run.checkpoint, run.start_step) if run.checkpoint
           else 'Starting from step 0 in %s' % settings.train_dir)
   sys.stdout.flush()
 
 
-def open_session(run, graph, train_dir, startup_timeout_secs, stop):
+def open_session(run, graph, settings, startup_timeout_secs, stop):
   """MonitoredSession: the chief initialises or restores, saves and summarises.
 
   What MonitoredTrainingSession builds, with session creators that say what
   happened and wait for the ps tasks when a session must be reopened (unless a
   stop was asked for: then they raise errors.PeerGone at once).
   """
-  run.arm_watchdog(startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
-                   '%s could not open a session with the ps tasks %s within %d s. Check '
-                   'that they are running and reachable, or raise --startup_timeout_secs.'
-                   % (run.who, ','.join(run.ps_hosts),
-                      startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS))
-  if run.task_index == 0:
+  secs = startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
+  run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
+                   'Check that they are running and reachable, or raise '
+                   '--startup_timeout_secs.' % (run.who, ','.join(run.ps_hosts), secs))
+  if run.is_chief:
+    # fp16: also a float32 run's checkpoint; built before MonitoredSession finalizes the graph
+    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
+                    if settings.use_fp16 else None)
     creator = worker_sessions.ChiefSessions(
-        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, train_dir,
-        graph.restore_fp16, lambda: stop.requested,
+        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, settings.train_dir,
+        restore_fp16, lambda: stop.requested,
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
-        # The checkpoint checkpoints.checkpoint_to_resume found and read whole, not the state file's
-        # latest as TensorFlow reads it.
+        # The checkpoint start() found and read whole, not the state file's latest.
         checkpoint_filename_with_path=run.checkpoint)
   else:
     creator = worker_sessions.WorkerSessions(
@@ -457,7 +331,7 @@ def open_session(run, graph, train_dir, startup_timeout_secs, stop):
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
-def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
+def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
@@ -472,103 +346,47 @@ def loop(sess, run, graph, settings, step_timeout_secs, stop, progress):
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
     progress.stepping.set()
-    results = run_step(sess, run, graph, step_timeout_secs)
+    results = run_step(sess, run, mode, graph, step_timeout_secs)
     progress.stepping.clear()
     if results is None:
       break  # async: the other workers have claimed the last updates (see run_step)
     duration = time.time() - start_time
-    loss_value, step_after, skip_check = results
+    loss_value, outcome = results
     local_step += 1
-    # Sync: this worker's gradient goes into the update after the one its token
-    # came from; the token it gets back is that of an update already applied.
-    shown = step + 1 if graph.replicas_to_aggregate else step_after
-
-    steps.check_loss(loss_value, shown, model_name, lambda: untouched(run, graph),
+    shown = mode.shown_step(step, outcome)
+    steps.check_loss(loss_value, shown, model_name, lambda: chief.untouched(run, graph),
                      ' on ' + run.who)
-    if graph.replicas_to_aggregate and skip_check:  # fp16 chief: updates skipped meanwhile
-      for note in zip(*skip_check):                 # (step, scale, new scale)
-        steps.check_skip(*note)
-    elif skip_check and not skip_check[0]:  # async fp16: this worker's own step, unapplied
-      steps.check_skip(step_after + 1, *skip_check[1:])
-      step = step_after
+    if not mode.applied(outcome):  # fp16, async: this worker's own step overflowed
+      step = outcome.step_after
       continue
     if steps.crossed(last_shown, shown, log_frequency) or local_step == 1:
-      steps.print_loss_line(shown, loss_value, graph.examples_per_update / duration,
+      steps.print_loss_line(shown, loss_value, settings.batch_size * len(run.devices) / duration,
                             duration / len(run.devices),
                             ' [worker %d, local step %d]' % (run.task_index, local_step))
-    step, last_shown = step_after, shown
+    step, last_shown = outcome.step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
   step = sess.run_step_fn(read_step)
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
-  # Only at the end: after a stop the workers wait for their tokens until a chief
-  # restarted with the same command has them run on (up to --step_timeout_secs).
-  if graph.release_workers is not None and step >= max_steps:
-    sess.run_step_fn(lambda step_context: step_context.session.run(graph.release_workers))
+  if step >= max_steps:
+    mode.release_workers(sess)
 
 
-def run_step(sess, run, graph, step_timeout_secs):
-  """One worker step under the watchdog and the step timeout: (loss, step_after,
-  skip_check), or None on OutOfRangeError: async, the other workers have claimed
-  the last updates; sync, the token queue on the ps was closed (train() says so)."""
-  slack = worker_sessions.WATCHDOG_SLACK_SECS
-  run.arm_watchdog(step_timeout_secs + slack,
-                   stuck_step_message(run, graph, step_timeout_secs + slack))
+def run_step(sess, run, mode, graph, step_timeout_secs):
+  """One worker step under the watchdog and the step timeout: (loss, outcome), or None
+  on OutOfRangeError: async, the other workers have claimed the last updates; sync,
+  the token queue on the ps was closed (train() says so)."""
+  secs = step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
+  run.arm_watchdog(secs, mode.stuck_step_message(secs))
+  options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   try:
-    _, loss_value, step_after, skip_check = sess.run(
-        [graph.train_op, graph.loss, graph.step_after, graph.skip_check or []],
-        options=tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000))
+    _, loss_value, outcome = sess.run([graph.train_op, graph.loss, graph.outcome],
+                                      options=options)
   except tf.errors.OutOfRangeError:
     return None
   except tf.errors.DeadlineExceededError as e:
-    raise errors.PeerGone(slow_step_message(run, graph, step_timeout_secs)) from e
-  return loss_value, step_after, skip_check
-
-
-def ended_early_message(run, graph, step, max_steps):
-  """Why a worker's loop ended below max_steps though no signal stopped it."""
-  why = ('the token queue on the ps tasks was closed, so no averaged update can come '
-         '(restart the ps tasks too: a restarted ps opens a new one)'
-         if graph.replicas_to_aggregate else
-         'the global step went back: the chief (worker 0 at %s) restored its last '
-         'checkpoint' % run.chief_host)
-  return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
-          'stopped it: %s. Restart this task with the same command; it rejoins.'
-          % (run.who, step, max_steps, why))
-
-
-def untouched(run, graph):
-  """What a worker stopping on a diverged loss leaves on disk, for its message."""
-  if run.task_index == 0:
-    return checkpoints.untouched_note(saved_step(run, graph))
-  return 'the chief saves no checkpoint with a NaN or infinite variable.'
-
-
-def saved_step(run, graph):
-  """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
-  (none yet, or not the chief)."""
-  saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
-  return saves[0].last_saved if run.task_index == 0 and saves else None
-
-
-def stuck_step_message(run, graph, secs):
-  return ('%s: a step has not returned in %d s and TensorFlow did not time it out: the ps '
-          'tasks %s%s stopped answering. Restart them, or raise --step_timeout_secs.'
-          % (run.who, secs, ','.join(run.ps_hosts),
-             ' or the chief' if graph.replicas_to_aggregate else ''))
-
-
-def slow_step_message(run, graph, step_timeout_secs):
-  if graph.replicas_to_aggregate:
-    return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
-            '%d gradients, at most one from each worker, and for the chief (worker 0 at '
-            '%s) to apply them: check that the chief and at least %d workers are running, '
-            'or raise --step_timeout_secs.' % (
-                run.who, step_timeout_secs, graph.replicas_to_aggregate, run.chief_host,
-                graph.replicas_to_aggregate))
-  return ('%s: a step took more than --step_timeout_secs=%d waiting for the ps tasks %s. '
-          'Check that they are running, or raise --step_timeout_secs.'
-          % (run.who, step_timeout_secs, ','.join(run.ps_hosts)))
+    raise errors.PeerGone(mode.slow_step_message(step_timeout_secs)) from e
+  return loss_value, outcome
 
 
 def main(argv, slurm_cluster=None):
@@ -577,33 +395,26 @@ def main(argv, slurm_cluster=None):
   slurm_cluster: what task_cluster.slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
   errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  check_flags(FLAGS)
-  if FLAGS.local_cluster:
-    sys.exit(local_cluster.main(FLAGS))
-  cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
-  too_many = cluster_env.too_many_replicas(FLAGS.replicas_to_aggregate, len(cluster.worker_hosts))
-  if too_many:
-    sys.exit('error: ' + too_many)
-  # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
-  # the chief saves, a ps task stops waiting for the workers.
-  stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
-          if cluster.job_name != 'evaluator' else None)
-  tf.compat.v1.disable_eager_execution()
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
-  settings = trainer_settings.settings_from_flags(FLAGS)
-  if cluster.job_name == 'evaluator':
-    signals.release_held()  # it has no step loop: a signal stops it as it did
-    evaluator.run_evaluator(settings, FLAGS.eval_dir or os.path.join(settings.train_dir, 'eval'),
-                  FLAGS.eval_interval_secs)
-    return
-  spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
-                                         'worker': cluster.worker_hosts})
-  with errors.one_line_errors():
+  with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    check_flags(FLAGS)
+    if FLAGS.local_cluster:
+      return local_cluster.main(FLAGS)  # its exit code: app.run exits with it
+    cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
+    # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
+    # the chief saves, a ps task stops waiting for the workers.
+    stop = (signals.StopSignals(FLAGS.train_dir if cluster.job_name == 'worker' else None)
+            if cluster.job_name != 'evaluator' else None)
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
+    settings = trainer_settings.settings_from_flags(FLAGS)
+    if cluster.job_name == 'evaluator':
+      return evaluator.run_evaluator(settings, FLAGS.eval_dir, FLAGS.eval_interval_secs)
+    spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
+                                           'worker': cluster.worker_hosts})
     if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':
-      ps_task.run_ps(spec, cluster.task_index, stop)
-      return
+      return ps_task.run_ps(spec, cluster.task_index, stop)
     worker = WorkerSettings(**{name: FLAGS[name].value for name in WorkerSettings._fields})
     flag_values = {flag.name: flag.value
                    for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
@@ -611,32 +422,25 @@ def main(argv, slurm_cluster=None):
 
 
 def check_flags(flag_values):
-  """Stops the run, naming the flag, for a flag this program refuses or a bad value."""
+  """errors.TrainingError, naming the flag, for a flag this program refuses or a bad value."""
   for name, why in REFUSED_FLAGS.items():
     if flag_values[name].present:
-      sys.exit('error: --%s is a multi_gpu_train.py flag that dist_train.py does not '
-               'take: %s.' % (name, why))
+      raise errors.TrainingError('--%s is a multi_gpu_train.py flag that dist_train.py '
+                                 'does not take: %s.' % (name, why))
   trainer_settings.apply_dataset_defaults(flag_values, DATASET_DEFAULTS)
   trainer_settings.check_trainer_flags(flag_values, also_positive=(
       'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs', 'num_ps'))
-  for name in SLURM_FLAGS:
-    if flag_values[name].present and flag_values.cluster != 'slurm':
-      sys.exit('error: --%s is for --cluster=slurm; flags and TF_CONFIG name the ps tasks '
-               'themselves' % name)
-  if not 0 < flag_values.slurm_port_base < 65536:
-    sys.exit('error: --slurm_port_base must be a port 1..65535, got %d'
-             % flag_values.slurm_port_base)
+  task_cluster.check_flags(flag_values)
   for name in ('startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'):
     if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:
-      sys.exit('error: --%s must be at most %d (a week), got %d'
-               % (name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
-  if flag_values.replicas_to_aggregate is not None:
-    if not flag_values.sync_replicas:
-      sys.exit('error: --replicas_to_aggregate=%d needs --sync_replicas: async workers '
-               'apply their gradients one by one' % flag_values.replicas_to_aggregate)
-    if flag_values.replicas_to_aggregate < 1:
-      sys.exit('error: --replicas_to_aggregate must be at least 1, got %d'
-               % flag_values.replicas_to_aggregate)
+      raise errors.TrainingError('--%s must be at most %d (a week), got %d' % (
+          name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
+  replicas = flag_values.replicas_to_aggregate
+  if replicas is not None and not flag_values.sync_replicas:
+    raise errors.TrainingError('--replicas_to_aggregate=%d needs --sync_replicas: async '
+                               'workers apply their gradients one by one' % replicas)
+  if replicas is not None and replicas < 1:
+    raise errors.TrainingError('--replicas_to_aggregate must be at least 1, got %d' % replicas)
 
 
 if __name__ == '__main__':

@@ -21,7 +21,7 @@ part to the row above it:
   local plain    the towers and a plain SGD apply, no global step, no averages
   ps plain       the same with the variables on the ps
   + claim        the async global-step claim before the apply (count_up_to)
-  + averages     the moving averages after it, on the ps: async_update's step
+  + averages     the moving averages after it, on the ps: AsyncUpdates' step
   + hooks        in a MonitoredSession with the chief's hooks, as dist_train.py's loop
                  runs it: a step that neither logs a summary nor saves
   summary step   the same on a step that writes the TensorBoard summaries
@@ -80,9 +80,8 @@ KEPT_OFF_ENV = 'PS_ROUND_TRIP_KEPT_OFF'  # set in the process --ps_cpus re-execu
 TRANSFERS = ('read', 'send', 'both')
 STEPS = ('local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks',
          'summary step', 'save step', 'sync')
-# What dist_train.py's worker passes to sync_update: itself, the only worker.
-SyncRun = collections.namedtuple('SyncRun', 'num_workers task_index')
-SyncWorker = collections.namedtuple('SyncWorker', 'replicas_to_aggregate')
+# What worker_updates.SyncUpdates reads of dist_train.py's WorkerRun: itself, the only worker.
+SyncRun = collections.namedtuple('SyncRun', 'num_workers task_index is_chief')
 
 
 def build_transfers(device_setter):
@@ -129,21 +128,19 @@ def build_step(kind, device_setter, train_dir):
       return ([worker_updates.claim_then_apply(opt, grads, global_step, NEVER), loss], None,
               None)
     ema = updates.moving_averages(global_step, cifar10)
-    if kind == 'sync':
-      train_op, step_after, hooks, _, _, _ = worker_updates.sync_update(
-          SyncRun(1, 0), SyncWorker(None), opt, grads, global_step, ema, NEVER)
-    else:
-      train_op, step_after, hooks, _, _, _ = worker_updates.async_update(
-          None, None, opt, grads, global_step, ema, NEVER)
+    mode = (worker_updates.SyncUpdates(SyncRun(1, 0, True)) if kind == 'sync' else
+            worker_updates.AsyncUpdates(None))
+    update = mode.build(opt, grads, global_step, ema, NEVER)
+    fetches = [update.train_op, loss, update.outcome.step_after]
     if kind == '+ averages':
-      return [train_op, loss, step_after], None, None
+      return fetches, None, None
     summary_op = summaries.build_summaries([0], towers.losses, grads, lr, cifar10)
-    return ([train_op, loss, step_after], hooks + chief_hooks(kind, global_step, summary_op, train_dir),
+    return (fetches, update.hooks + chief_hooks(kind, global_step, summary_op, train_dir),
             summary_op)
 
 
 def chief_hooks(kind, global_step, summary_op, train_dir):
-  """dist_train.chief_hooks' two, saving or summarising every step for those kinds."""
+  """distributed/chief.py's hooks() two, saving or summarising every step for those kinds."""
   return [worker_sessions.SaveCheckpoints(
               train_dir, 1 if kind == 'save step' else NEVER, 2, checkpoints.make_saver(),
               global_step, checkpoints.all_variables_finite(), 'cifar10', None),
@@ -252,7 +249,7 @@ def print_split(step, transfer):
       ('  moving the variables (both, via ps - local)', None, transfer),
       ('  the distributed runtime (the rest)', None, runtime),
       ('+ claim: count_up_to before the apply', '+ claim', 'ps plain'),
-      ('+ averages: async_update\'s step', '+ averages', '+ claim'),
+      ('+ averages: AsyncUpdates\' step', '+ averages', '+ claim'),
       ('+ hooks: MonitoredSession, chief\'s hooks', '+ hooks', '+ averages'),
       ('summary step: the same, writing summaries', 'summary step', '+ hooks'),
       ('save step: the same, saving a checkpoint', 'save step', '+ hooks'),

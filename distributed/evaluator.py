@@ -1,6 +1,18 @@
 """TF_CONFIG's evaluator task: the trainers' evaluation, beside a distributed run."""
-from training import evaluation
+import os
+
+from absl import flags
+
+from training import evaluation, signals
 from training import settings as trainer_settings
+
+
+def define_flags(eval_interval_secs):
+  """The evaluator's flags; eval_interval_secs: --eval_interval_secs's default."""
+  flags.DEFINE_integer('eval_interval_secs', eval_interval_secs, 'TF_CONFIG\'s evaluator: '
+                       'seconds between looks for a new checkpoint in --train_dir.')
+  flags.DEFINE_string('eval_dir', None, 'TF_CONFIG\'s evaluator: where it writes its event '
+                      'files (default: --train_dir/eval).')
 
 
 def run_evaluator(settings, eval_dir, eval_interval_secs):
@@ -9,8 +21,11 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
   What cifar10_eval.py and mnist_eval.py do beside training (training/evaluation.py), on
   the --dataset's test set in --data_dir (also with --synthetic), in batches of
   --batch_size; it returns once it has scored a checkpoint at --max_steps.
+  eval_dir: None for --train_dir/eval.
   """
+  signals.release_held()  # held while TensorFlow loaded; no step loop takes them here
   data = trainer_settings.DATASETS[settings.dataset]
+  eval_dir = eval_dir or os.path.join(settings.train_dir, 'eval')
   print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
         'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,
                                eval_dir), flush=True)

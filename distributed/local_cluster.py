@@ -396,11 +396,15 @@ def run(num_ps, num_workers, task_flags, exposure_warning):
 
 
 def main(flag_values):
-  """dist_train.py --local_cluster=P,W: its checks and the data, then run(); the exit code."""
+  """dist_train.py --local_cluster=P,W: its checks and the data, then run(); the exit code.
+
+  Raises errors.TrainingError (a flag, a spec, more tasks than memory holds) and what
+  the data's preparation raises: dist_train.py's main says them in one line.
+  """
   for name in LAUNCHER_FLAGS[1:]:
     if flag_values[name].present:
-      sys.exit('error: --local_cluster starts every task itself on 127.0.0.1; drop --%s'
-               % name)
+      raise errors.TrainingError('--local_cluster starts every task itself on 127.0.0.1; '
+                                 'drop --%s' % name)
   try:
     num_ps, num_workers = parse_spec(flag_values.local_cluster)
     check_memory(num_ps, num_workers, memory_check.memory_available())
@@ -408,13 +412,12 @@ def main(flag_values):
     if too_many:
       raise ValueError(too_many)
   except ValueError as e:
-    sys.exit('error: %s' % e)
-  with errors.one_line_errors():
-    if not flag_values.synthetic:  # once, here, rather than racing in every worker
-      data_input = trainer_settings.DATASETS[flag_values.dataset].input
-      data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
-    # Every flag given on this command line goes to every task.
-    task_flags = [flag_values[name].serialize() for name in flag_values
-                  if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
-    return run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
-               cluster_env.SECURITY_WARNING % 'the ports listed below')
+    raise errors.TrainingError(str(e)) from None
+  if not flag_values.synthetic:  # once, here, rather than racing in every worker
+    data_input = trainer_settings.DATASETS[flag_values.dataset].input
+    data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
+  # Every flag given on this command line goes to every task.
+  task_flags = [flag_values[name].serialize() for name in flag_values
+                if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
+  return run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
+             cluster_env.SECURITY_WARNING % 'the ports listed below')

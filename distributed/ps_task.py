@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from distributed import ps_shutdown
+from distributed import ps_shutdown, task_cluster
 from training import checkpoints, errors, startup
 
 FINISHED_REPORT_SECS = 5     # a worker started after the end tells the ps tasks, if up
@@ -25,12 +25,7 @@ def run_ps(cluster, task_index, stop):
   Raises:
     errors.Stopped: stopped by a signal before the workers had finished.
   """
-  try:
-    server = tf.compat.v1.train.Server(cluster, job_name='ps', task_index=task_index)
-  except tf.errors.OpError as e:
-    raise errors.TrainingError('ps task %d cannot listen on %s: %s. Is the port in use?'
-                        % (task_index, cluster.task_address('ps', task_index),
-                           str(e).splitlines()[0])) from e
+  server = task_cluster.start_server(cluster, 'ps', task_index, 'ps task %d' % task_index)
   num_workers = cluster.num_tasks('worker')
   print('ps task %d serving at %s until the %d worker(s) have finished (Ctrl-C stops it)'
         % (task_index, server.target, num_workers), flush=True)

@@ -5,8 +5,45 @@ import os
 import sys
 
 from absl import flags
+import tensorflow as tf
 
 from distributed import cluster_env, local_cluster
+from training import errors
+
+SLURM_FLAGS = ['num_ps', 'slurm_port_base']  # mean something with --cluster=slurm only
+
+
+def define_flags():
+  """The flags that say which cluster this task is in and which task it is."""
+  flags.DEFINE_enum('job_name', None, ['ps', 'worker'], 'This task\'s job.')
+  flags.DEFINE_integer('task_index', 0, 'This task\'s index in its job; worker 0 is the chief.')
+  flags.DEFINE_string('ps_hosts', '', 'Comma-separated host:port of the ps tasks.')
+  flags.DEFINE_string('worker_hosts', '', 'Comma-separated host:port of the workers.')
+  flags.DEFINE_boolean('allow_nonloopback_hosts', False, 'Accept hosts other than loopback '
+                       '(127.0.0.1, localhost). The servers have no authentication: use only '
+                       'on a network where everyone who can reach the ports is trusted.')
+  flags.DEFINE_string('local_cluster', '', 'P,W: start P ps tasks and W workers on 127.0.0.1 '
+                      'with free ports, print their logs, and stop them all at the end.')
+  flags.DEFINE_enum('cluster', '', ['', 'tf_config', 'slurm', 'jobset'], 'Where the cluster '
+                    'and this task come from: tf_config (Kubeflow TFJob), slurm (srun), jobset '
+                    '(Kubernetes JobSet), or \'\': the flags above when --job_name is given, '
+                    'else TF_CONFIG when set.')
+  flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
+                       'step are ps tasks, the rest workers.')
+  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
+                       'task listens on this port + its index among its node\'s tasks.')
+
+
+def check_flags(flag_values):
+  """errors.TrainingError, naming the flag, for a --cluster=slurm flag given without it or
+  a port out of range."""
+  for name in SLURM_FLAGS:
+    if flag_values[name].present and flag_values.cluster != 'slurm':
+      raise errors.TrainingError('--%s is for --cluster=slurm; flags and TF_CONFIG name the '
+                                 'ps tasks themselves' % name)
+  if not 0 < flag_values.slurm_port_base < 65536:
+    raise errors.TrainingError('--slurm_port_base must be a port 1..65535, got %d'
+                               % flag_values.slurm_port_base)
 
 
 def cluster_from_flags(flag_values, slurm_cluster=None):
@@ -15,7 +52,8 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
 
   --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
   set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
-  (it chose them); flags given alongside must agree with it.
+  (it chose them); flags given alongside must agree with it. A cluster that cannot
+  run, or a --replicas_to_aggregate above its workers: errors.TrainingError.
 
   Args:
     slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
@@ -23,7 +61,7 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
   source = flag_values.cluster or ('tf_config' if flag_values.job_name is None and
                              os.environ.get('TF_CONFIG', '').strip() else '')
   if not source:
-    return cluster_of_host_flags(flag_values)
+    return refuse_too_many_replicas(flag_values, cluster_of_host_flags(flag_values))
   try:
     if source == 'slurm':
       cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
@@ -42,28 +80,49 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
         name: flag_values[name].value for name in ('job_name', 'task_index', 'ps_hosts',
                                              'worker_hosts') if flag_values[name].present})
   except cluster_env.ClusterError as e:
-    sys.exit('error: %s' % e)
+    raise errors.TrainingError(str(e)) from None
   print(cluster.description)
   if cluster.job_name != 'evaluator':  # it serves nothing
     print(cluster_env.exposure_warning(cluster))
   sys.stdout.flush()
+  return refuse_too_many_replicas(flag_values, cluster)
+
+
+def refuse_too_many_replicas(flag_values, cluster):
+  """cluster, unless --replicas_to_aggregate asks for more gradients than it has workers."""
+  too_many = cluster_env.too_many_replicas(flag_values.replicas_to_aggregate,
+                                           len(cluster.worker_hosts))
+  if too_many:
+    raise errors.TrainingError(too_many)
   return cluster
 
 
 def cluster_of_host_flags(flag_values):
   """The cluster --ps_hosts and --worker_hosts name, once this task is checked in it."""
   if flag_values.job_name is None:
-    sys.exit('error: give --job_name=ps or --job_name=worker with --task_index, '
-             '--ps_hosts and --worker_hosts, or --local_cluster=P,W for one machine')
+    raise errors.TrainingError('give --job_name=ps or --job_name=worker with --task_index, '
+                               '--ps_hosts and --worker_hosts, or --local_cluster=P,W for '
+                               'one machine')
   try:
     cluster = cluster_env.from_flags(
         flag_values.job_name, flag_values.task_index, flag_values.ps_hosts,
         flag_values.worker_hosts, flag_values.allow_nonloopback_hosts)
   except cluster_env.ClusterError as e:
-    sys.exit('error: %s' % e)
+    raise errors.TrainingError(str(e)) from None
   if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
     print(cluster_env.exposure_warning(cluster), flush=True)
   return cluster
+
+
+def start_server(spec, job_name, task_index, who, config=None):
+  """This task's tf.compat.v1.train.Server, or errors.TrainingError naming its port."""
+  try:
+    return tf.compat.v1.train.Server(spec, job_name=job_name, task_index=task_index,
+                                     config=config)
+  except tf.errors.OpError as e:
+    raise errors.TrainingError('%s cannot listen on %s: %s. Is the port in use?'
+                               % (who, spec.task_address(job_name, task_index),
+                                  str(e).splitlines()[0])) from e
 
 
 def slurm_cluster_first(argv, flag_values):

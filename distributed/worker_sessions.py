@@ -26,6 +26,7 @@ from training import checkpoints, errors, mixed_precision, steps, summaries
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
+END_SAVE_TRIES = 5           # the chief's last save, again while other workers move the step
 STOP_CHECK_SECS = 2          # a worker awaiting the chief looks for a stop this often
 # What a step, the session's close or its reopening raise once the ps tasks are gone.
 PS_GONE_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -313,8 +314,13 @@ class SaveCheckpoints(tf.compat.v1.train.SessionRunHook):
       self._save(run_context.session, step)
 
   def end(self, session):
-    step = session.run(self._global_step)
-    if step != self.last_saved:
+    # Async, the other workers' last updates may land while the chief saves: saved
+    # again until the step holds still, the newest checkpoint holds the step its name
+    # says (a few tries: the others are stopping or done too).
+    for _ in range(END_SAVE_TRIES):
+      step = session.run(self._global_step)
+      if step == self.last_saved:
+        return
       self._save(session, step)
 
   def _save(self, session, step):

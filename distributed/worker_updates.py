@@ -1,20 +1,31 @@
-"""How a worker's averaged gradient becomes an update of the variables on the ps tasks.
+"""How a worker's averaged gradient becomes an update of the variables on the ps tasks,
+and what each mode means for the worker's loop and its messages.
 
-dist_train.py's build() makes the towers and their average, then one of these:
+dist_train.py's train() makes one of these once, then asks it, never the flags:
 
-    async_update(...)  # each worker applies its own gradient, claiming its global step
-    sync_update(...)   # SyncReplicasOptimizer: the chief applies the average of several
+    mode = AsyncUpdates(run)         # each worker applies its own gradient, claiming its step
+    mode = SyncUpdates(run, n)       # SyncReplicasOptimizer: the chief applies the mean of n
 
-Each returns (train op, the global step after it, hooks, the sync chief's op that
-releases the workers at the end, fp16's skip check, sync: the op that releases this
-worker's own step). With --use_fp16 a gradient
-that overflowed is not applied: async, by the worker that computed it; sync, by
-the chief's queue runner, which checks the aggregate. Nothing here reads flags.
+    mode.build(opt, grads, global_step, ema, max_steps, fp16)  # the ops: an Update
+    mode.shown_step(step, outcome)   # the global step the loss line names
+    mode.applied(outcome)            # fp16: says the skips; False: this step's was skipped
+    mode.release_workers(sess)       # at the end: the sync chief hands out the last tokens
+    mode.release_stopping_step()     # stopping: sync's token for a step left waiting
+    mode.mode_line(...), mode.stuck_step_message(secs), mode.slow_step_message(secs),
+    mode.ended_early_message(step, max_steps), mode.fp16_line(),
+    mode.gradients_per_update, mode.update_name  # what start-up and the faults say
+
+With --use_fp16 a gradient that overflowed is not applied: async, by the worker
+that computed it; sync, by the chief's queue runner, which checks the aggregate.
+Nothing here reads flags.
 """
+import collections
+import typing
+
 import tensorflow as tf
 
 from distributed import worker_sessions
-from training import mixed_precision, updates
+from training import mixed_precision, steps, updates
 
 
 def claim_then_apply(opt, grads, global_step, max_steps):
@@ -131,67 +142,205 @@ class SkipOverflow:
     return tf.group(update.train_op, note, *rewinds)
 
 
-def async_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
-                 scale=None, all_finite=None):
-  """Each worker applies its own averaged gradient, then the moving averages.
-
-  fp16 (loss_scale, the scale this step read, all_finite): the worker checks its
-  own unscaled gradient. Finite, it claims its global step and applies; not, it
-  claims nothing (the global step does not move) and halves the shared scale
-  from the scale it read; the loop says so. Each worker skips its own overflows.
-
-  Returns:
-    (train op, the global step it claimed (fp16 skip: the global step), hooks,
-     None, fp16: this step's (applied, scale, new_scale), else None, None).
-  """
-  del run, worker
-  apply_fn = lambda: updates.then_average(
-      claim_then_apply(opt, grads, global_step, max_steps), ema)
-  skip_check = None
-  if loss_scale:
-    update = mixed_precision.apply_or_skip(apply_fn, all_finite, loss_scale, scale)
-    train_op, skip_check = update.train_op, list(update[1:])
-  else:
-    train_op = apply_fn()
-  with tf.control_dependencies([train_op]):
-    step_after = tf.identity(global_step.read_value())  # this worker's update included
-  return (train_op, step_after, [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)],
-          None, skip_check, None)
+Fp16 = collections.namedtuple('Fp16', [
+    'loss_scale',  # mixed_precision.LossScale, on the ps, shared by the workers
+    'scale',       # float32 scalar: the scale this step read once (read_once)
+    'all_finite',  # bool scalar: this worker's unscaled gradient holds no inf or NaN
+])
 
 
-def sync_update(run, worker, opt, grads, global_step, ema, max_steps, loss_scale=None,
-                scale=None, all_finite=None):
-  """SyncReplicasOptimizer: replicas_to_aggregate gradients averaged per update, the
-  moving averages stepped right after each update, on the chief's queue runner.
+class Outcome(typing.NamedTuple):
+  """Fetched with each step; the mode that built it reads it (shown_step, applied)."""
+  step_after: tf.Tensor  # int64: async, the global step this update claimed (fp16 skip:
+                         # the global step); sync, the token: the global step of the
+                         # update this worker waited for
+  skip_check: list       # fp16: async, this step's [applied, scale, new scale]; sync
+                         # chief, the skips noted since its last step, [[steps], [scales],
+                         # [new scales]]; else []
 
-  fp16 (loss_scale given): each worker pushes its unscaled gradient; the chief's
-  queue runner checks the aggregated one and applies it or skips it (SyncReplicas).
-  No worker knows whether the update its gradient went into was skipped; the
-  chief takes the queue runner's notes of skips after each of its steps and
-  says them.
 
-  Returns:
-    (train op: push the gradient, wait for a token; the token, which names the
-     global step; hooks; the chief's op handing every worker a token at the end;
-     fp16 chief: the skips noted since its last step, else None; the op handing
-     this worker's own step a token, for a stop: worker_sessions.watch_stopping_step).
-  """
-  del scale, all_finite  # the chief checks the aggregate instead
-  with worker_sessions.quiet_deprecations():
-    sync = SyncReplicas(opt, worker.replicas_to_aggregate or run.num_workers,
-                        run.num_workers, '/job:worker/task:%d' % run.task_index, ema,
-                        loss_scale)
-    train_op = sync.apply_gradients(grads, global_step=global_step)
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-             sync.make_session_run_hook(run.task_index == 0)]
-    # At the end the chief hands out one token per worker: a worker waiting for an
-    # update that will never come gets it, sees the last step and stops.
-    release_workers = (sync.get_init_tokens_op(run.num_workers) if run.task_index == 0
-                       else None)
-    release_step = sync.get_init_tokens_op(1)
-  skip_check = None
-  if loss_scale and run.task_index == 0:
-    skips = sync.skip_overflow.skips
-    with tf.control_dependencies([train_op]):  # the update of this step's token is in
-      skip_check = skips.dequeue_up_to(skips.size())  # every note left since the last step
-  return train_op, tf.identity(train_op), hooks, release_workers, skip_check, release_step
+class Update(typing.NamedTuple):
+  """What build() makes: the op of one worker step, what it says, the session's hooks."""
+  train_op: tf.Operation
+  outcome: Outcome
+  hooks: list            # StopAtStepHook; sync, the optimizer's (its queue runner, tokens)
+
+
+class AsyncUpdates:
+  """Each worker applies its own averaged gradient, then the moving averages: one
+  global step per worker step, claimed first, so exactly max_steps land."""
+  gradients_per_update = 1
+  update_name = 'worker step'  # what the schedule's line calls one update
+
+  def __init__(self, run):
+    self._run = run  # dist_train.py's WorkerRun: who, ps_hosts, chief_host, ...
+
+  def build(self, opt, grads, global_step, ema, max_steps, fp16=None):
+    """The update, then the moving averages; an Update.
+
+    fp16 (an Fp16): the worker checks its own unscaled gradient. Finite, it claims
+    its global step and applies; not, it claims nothing (the global step does not
+    move) and halves the shared scale from the scale it read; the loop says so. Each
+    worker skips its own overflows.
+    """
+    apply_fn = lambda: updates.then_average(
+        claim_then_apply(opt, grads, global_step, max_steps), ema)
+    skip_check = []
+    if fp16:
+      update = mixed_precision.apply_or_skip(apply_fn, fp16.all_finite, fp16.loss_scale,
+                                             fp16.scale)
+      train_op, skip_check = update.train_op, list(update[1:])
+    else:
+      train_op = apply_fn()
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(global_step.read_value())  # this worker's update included
+    return Update(train_op, Outcome(step_after, skip_check),
+                  [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)])
+
+  def shown_step(self, step, outcome):
+    del step
+    return outcome.step_after
+
+  def applied(self, outcome):
+    """fp16: False, having said so, when this worker's own step overflowed."""
+    if outcome.skip_check and not outcome.skip_check[0]:
+      steps.check_skip(outcome.step_after + 1, *outcome.skip_check[1:])
+      return False
+    return True
+
+  def release_workers(self, sess):
+    del sess  # every worker stops on its own claim past max_steps
+
+  def release_stopping_step(self):
+    return None  # an async step waits for no other worker
+
+  def fp16_line(self):
+    return _fp16_line('the worker that had it')
+
+  def mode_line(self, batch_size, num_towers):
+    return ('async: each of %d workers applies its own updates of %d images (%d x %d '
+            'towers)' % (self._run.num_workers, batch_size * num_towers, batch_size,
+                         num_towers))
+
+  def ended_early_message(self, step, max_steps):
+    return _ended_early(self._run, step, max_steps,
+                        'the global step went back: the chief (worker 0 at %s) restored '
+                        'its last checkpoint' % self._run.chief_host)
+
+  def stuck_step_message(self, secs):
+    return _stuck_step(self._run, secs, '')
+
+  def slow_step_message(self, step_timeout_secs):
+    return ('%s: a step took more than --step_timeout_secs=%d waiting for the ps tasks %s. '
+            'Check that they are running, or raise --step_timeout_secs.'
+            % (self._run.who, step_timeout_secs, ','.join(self._run.ps_hosts)))
+
+
+class SyncUpdates:
+  """SyncReplicasOptimizer: gradients_per_update gradients averaged per update, the
+  moving averages stepped right after each update, on the chief's queue runner."""
+  update_name = 'update'  # of gradients_per_update worker steps
+
+  def __init__(self, run, replicas_to_aggregate=None):
+    self._run = run
+    # Each update sees this many worker batches: the learning-rate schedule counts them all.
+    self.gradients_per_update = replicas_to_aggregate or run.num_workers
+    self._release_workers = self._release_step = None  # the tokens' ops, made by build()
+
+  def build(self, opt, grads, global_step, ema, max_steps, fp16=None):
+    """Pushes this worker's gradient, then waits for a token; an Update.
+
+    fp16 (an Fp16): each worker pushes its unscaled gradient; the chief's queue
+    runner checks the aggregated one and applies it or skips it (SyncReplicas). No
+    worker knows whether the update its gradient went into was skipped; the chief
+    takes the queue runner's notes of skips after each of its steps and says them.
+    """
+    run = self._run
+    with worker_sessions.quiet_deprecations():
+      sync = SyncReplicas(opt, self.gradients_per_update, run.num_workers,
+                          '/job:worker/task:%d' % run.task_index, ema,
+                          fp16 and fp16.loss_scale)
+      train_op = sync.apply_gradients(grads, global_step=global_step)
+      hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
+               sync.make_session_run_hook(run.is_chief)]
+      # At the end the chief hands out one token per worker: a worker waiting for an
+      # update that will never come gets it, sees the last step and stops.
+      if run.is_chief:
+        self._release_workers = sync.get_init_tokens_op(run.num_workers)
+      self._release_step = sync.get_init_tokens_op(1)
+    skip_check = []
+    if fp16 and run.is_chief:
+      skips = sync.skip_overflow.skips
+      with tf.control_dependencies([train_op]):  # the update of this step's token is in
+        skip_check = skips.dequeue_up_to(skips.size())  # every note left since the last step
+    return Update(train_op, Outcome(tf.identity(train_op), skip_check), hooks)
+
+  def shown_step(self, step, outcome):
+    # This worker's gradient goes into the update after the one its token came from;
+    # the token it gets back is that of an update already applied.
+    del outcome
+    return step + 1
+
+  def applied(self, outcome):
+    """fp16 chief: says the updates its queue runner skipped meanwhile; always True."""
+    for note in zip(*outcome.skip_check):  # (step, scale, new scale)
+      steps.check_skip(*note)
+    return True
+
+  def release_workers(self, sess):
+    """The chief, at max_steps: one token per worker, so that none waits on. Only at the
+    end: after a stop the workers wait for their tokens until a chief restarted with
+    the same command has them run on (up to --step_timeout_secs)."""
+    if self._release_workers is not None:
+      sess.run_step_fn(lambda step_context: step_context.session.run(self._release_workers))
+
+  def release_stopping_step(self):
+    """A function handing this worker's own step a token (worker_sessions.watch_stopping_step)."""
+    return worker_sessions.release_op_runner(self._run.server.target, self._run.config,
+                                             self._release_step)
+
+  def fp16_line(self):
+    return _fp16_line('the chief')  # its queue runner checks each averaged update
+
+  def mode_line(self, batch_size, num_towers):
+    run, n = self._run, self.gradients_per_update
+    return ('sync: each update averages %d gradients of %d images (%d x %d towers) from '
+            '%d workers, %d of them backup' % (n, batch_size * num_towers, batch_size,
+                                               num_towers, run.num_workers,
+                                               max(run.num_workers - n, 0)))
+
+  def ended_early_message(self, step, max_steps):
+    return _ended_early(self._run, step, max_steps,
+                        'the token queue on the ps tasks was closed, so no averaged update '
+                        'can come (restart the ps tasks too: a restarted ps opens a new one)')
+
+  def stuck_step_message(self, secs):
+    return _stuck_step(self._run, secs, ' or the chief')
+
+  def slow_step_message(self, step_timeout_secs):
+    n = self.gradients_per_update
+    return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
+            '%d gradients, at most one from each worker, and for the chief (worker 0 at '
+            '%s) to apply them: check that the chief and at least %d workers are running, '
+            'or raise --step_timeout_secs.' % (self._run.who, step_timeout_secs, n,
+                                               self._run.chief_host, n))
+
+
+def _fp16_line(halved_by):
+  return ('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
+          'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
+          'halved on an overflow by %s' % (mixed_precision.INITIAL_LOSS_SCALE,
+                                           mixed_precision.LOSS_SCALE_PERIOD, halved_by))
+
+
+def _ended_early(run, step, max_steps, why):
+  """Why a worker's loop ended below max_steps though no signal stopped it."""
+  return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
+          'stopped it: %s. Restart this task with the same command; it rejoins.'
+          % (run.who, step, max_steps, why))
+
+
+def _stuck_step(run, secs, or_the_chief):
+  return ('%s: a step has not returned in %d s and TensorFlow did not time it out: the ps '
+          'tasks %s%s stopped answering. Restart them, or raise --step_timeout_secs.'
+          % (run.who, secs, ','.join(run.ps_hosts), or_the_chief))

@@ -348,6 +348,20 @@ def test_sync_loss_lines_name_the_global_step_first_then_every_log_frequency(syn
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group('two_workers')
+def test_sync_schedule_counts_the_examples_each_update_averages(async_run, sync_run):
+  # An epoch is the same 50,000 examples however they are grouped: a sync update
+  # averages 2 workers' batches of 8, so the rate drops after half as many updates as
+  # async's, whose updates are one worker's batch each.
+  schedule = re.compile(r'^\[worker[01]\] decay_steps (\d+) = 50000 examples \(.*\) / '
+                        r'(\d+) per (worker step|update) x 350 epochs; input: synthetic$')
+  found = {mode: {m.groups() for m in matches(schedule, run[1])}
+           for mode, run in (('async', async_run), ('sync', sync_run))}
+  assert found == {'async': {('%d' % (50000 / 8 * 350), '8', 'worker step')},
+                   'sync': {('%d' % (50000 / 16 * 350), '16', 'update')}}, found
+
+
+@pytest.mark.slow
 @pytest.mark.kernels
 @pytest.mark.xdist_group('two_workers')
 def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_process_run,

@@ -1,0 +1,46 @@
+"""What only the chief (worker 0) writes beside training, and what it has written:
+its run record, its checkpoint and summary hooks, its newest checkpoint's step.
+"""
+from distributed import worker_sessions
+from training import checkpoints, run_record
+
+
+def record(run, settings, data, flag_values, program):
+  """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster.
+
+  program: the module whose constants the record keeps (dist_train.py's).
+  """
+  described = run_record.describe(
+      {'dist_train.py': run_record.constants_of(program)},
+      flag_values, settings, run.devices, run.start_step, data)
+  described['cluster'] = run.cluster.as_dict()
+  return described
+
+
+def hooks(run, settings, model, scaffold, global_step, record, keep_checkpoints):
+  """The chief's checkpoints (SaveCheckpoints) and summaries, through
+  the machinery multi_gpu_train.py saves and summarises with."""
+  found = []
+  if scaffold.summary_op is not None:  # first: its step time ends before a save starts
+    found.append(worker_sessions.WriteSummaries(
+        settings.train_dir, settings.summary_steps, scaffold.summary_op, global_step, record,
+        settings.batch_size * len(run.devices)))
+  found.append(worker_sessions.SaveCheckpoints(
+      settings.train_dir, settings.save_every_n_steps, keep_checkpoints, scaffold.saver,
+      global_step, checkpoints.all_variables_finite(), model.__name__,
+      run.start_step if run.checkpoint else None))
+  return found
+
+
+def untouched(run, graph):
+  """What a worker stopping on a diverged loss leaves on disk, for its message."""
+  if run.is_chief:
+    return checkpoints.untouched_note(saved_step(run, graph))
+  return 'the chief saves no checkpoint with a NaN or infinite variable.'
+
+
+def saved_step(run, graph):
+  """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
+  (none yet, or not the chief)."""
+  saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
+  return saves[0].last_saved if run.is_chief and saves else None
