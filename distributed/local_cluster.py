@@ -33,7 +33,7 @@ from training import settings as trainer_settings
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'dist_train.py')
 STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
-STOP_CHIEF_SECS = 60         # stopped by a signal: the chief's last step and save
+STOP_CHIEF_SECS = 60         # stopped by a signal: the workers' last steps, the chief's save
 END_SECS = 60                # once the workers (or the ps tasks) have ended, the others
                              # must end by themselves within this, or they are stopped
 # dist_train.py's flags that say which task a process is: the launcher sets them itself
@@ -160,10 +160,9 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   Returns 0 once every task has exited 0: the workers, then the ps tasks, which
   end by themselves when every worker has reported that it finished. Returns 1 as
   soon as any task fails, or when some tasks are still running END_SECS after the
-  others (the workers, or the ps tasks) have all ended. On a stop signal the chief
-  stops first, saving at its current step (the ps tasks hold its variables, and in
-  sync mode its update waits for the other workers), then the rest; returns
-  stop.exit_code. Every task still running is then stopped.
+  others (the workers, or the ps tasks) have all ended. On a stop signal the other
+  workers stop, then the chief, saving the step they left (stop_workers), then the
+  ps tasks; returns stop.exit_code. Every task still running is then stopped.
   """
   ports = free_ports(num_ps + num_workers)
   ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
@@ -207,7 +206,7 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
               % (','.join(running), END_SECS), flush=True)
         return 1
       time.sleep(0.2)
-    stop_chief(tasks['worker0'], stop)
+    stop_workers(tasks, stop)
     stop_tasks(tasks.values())
     print('local cluster: stopped; exit codes: %s' % ', '.join(
         '%s %s' % (name, exit_status(p.returncode)) for name, p in tasks.items()), flush=True)
@@ -217,17 +216,29 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
     relay.join()
 
 
-def stop_chief(chief, stop):
-  """Passes the stop signal on to the chief and waits for it to save and exit."""
-  print('local cluster: %s: stopping worker 0, the chief, which saves at its current '
-        'step; then the other tasks' % stop.name, flush=True)
-  if chief.poll() is None:
-    chief.send_signal(stop.signum)
-    try:
-      chief.wait(STOP_CHIEF_SECS)
-    except subprocess.TimeoutExpired:
-      print('local cluster: the chief has not stopped within %d s; stopping every task '
-            'without its checkpoint' % STOP_CHIEF_SECS, flush=True)
+def stop_workers(tasks, stop):
+  """Passes the stop signal on to the workers, the chief last, and waits for them.
+
+  The other workers stop first, after their step: in async mode a worker still
+  training after the chief's save would apply updates the rerun never sees. Then
+  the chief saves the step they left (sync: its own step, waiting for their
+  gradients, is handed a token), and the ps tasks, which serve until it has, go.
+  """
+  print('local cluster: %s: stopping the workers, then worker 0, the chief, which saves '
+        'at the step they left; then the ps tasks' % stop.name, flush=True)
+  others = [p for name, p in tasks.items() if name.startswith('worker') and name != 'worker0']
+  for group in (others, [tasks['worker0']]):
+    running = [p for p in group if p.poll() is None]
+    for process in running:
+      process.send_signal(stop.signum)
+    deadline = time.time() + STOP_CHIEF_SECS
+    for process in running:
+      try:
+        process.wait(max(deadline - time.time(), 0.1))
+      except subprocess.TimeoutExpired:
+        print('local cluster: a worker has not stopped within %d s; stopping every task '
+              'without waiting for it' % STOP_CHIEF_SECS, flush=True)
+        return
 
 
 def exit_status(returncode):

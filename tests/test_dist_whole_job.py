@@ -59,11 +59,11 @@ def past_first_checkpoint(line):
   return found and int(found.group(1)) >= 10
 
 
-def assert_chief_stopped_and_saved(chief_lines, train_dir):
+def assert_chief_stopped_and_saved(chief_lines, train_dir, name='SIGTERM'):
   """The chief's `Stopped by SIGTERM at step N`, with model.ckpt-N on disk; returns N."""
   [stopped] = matches(STOPPED_LINE, chief_lines)
   step = int(stopped.group(2))
-  assert stopped.group(1) == 'SIGTERM' and 10 <= step < MAX_STEPS, stopped.group(0)
+  assert stopped.group(1) == name and 10 <= step < MAX_STEPS, stopped.group(0)
   assert tf.train.latest_checkpoint(str(train_dir)).endswith('model.ckpt-%d' % step)
   assert helpers.global_step(train_dir) == step
   return step
@@ -138,3 +138,19 @@ def test_local_cluster_every_task_sigterm_chief_saves_all_exit_143_rerun_resumes
                        rerun.text, re.M)
   assert resumed == [(str(step), str(step))], rerun.log()
   assert helpers.global_step(tmp_path) == MAX_STEPS
+
+
+@pytest.mark.slow
+def test_local_cluster_async_ctrl_c_saves_after_the_workers_stop_no_update_lost(
+    tasks, tmp_path):
+  # Stopped first, the chief once saved step 27 while worker 1 trained on to 138: the
+  # rerun resumed at 27. The other workers stop first now; the chief saves what they left.
+  launcher = tasks(['dist_train.py', '--local_cluster=1,2', '--train_dir=%s' % tmp_path] +
+                   JOB_FLAGS)
+  launcher.wait_for(past_first_checkpoint, 'a checkpoint at step 10 or later')
+  launcher.send(signal.SIGINT)
+  assert launcher.finish(timeout=GRACE_SECS) == 130, launcher.log()
+  logs = helpers.by_task(launcher.lines)
+  step = assert_chief_stopped_and_saved(logs['worker0'], tmp_path, 'Ctrl-C')
+  trained = helpers.steps(helpers.WORKER_LOSS_LINE, logs['worker0'] + logs['worker1'])
+  assert max(trained) <= step, (max(trained), step, launcher.log())
