@@ -1,0 +1,450 @@
+"""dist_train.py's tasks killed, stopped and restarted; the chief's checkpoint promises.
+
+Real ps and worker processes on 127.0.0.1, each bounded in time: workers, the chief
+and a ps task killed and restarted (sync with a backup worker, async); preemption, a
+task stopped by SIGTERM or Ctrl-C and restarted with the same command, and a sync
+worker whose token queue closes; the chief's checkpoints as multi_gpu_train.py's
+(rotation in a copied directory, no state file, a failed write, a job already over, a
+diverging run). Every process is killed when its test ends, pass or fail.
+"""
+import os
+import re
+import shutil
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+from helpers import (DONE_LINE, QUICK_FLAGS, RESUMING_LINE, SAVED_LINE, STEADY_FLAGS,
+                     WORKER_LOSS_LINE, matches, run_local_cluster)
+from distributed import cluster_env, local_cluster, ps_task
+import multi_gpu_train
+from training import checkpoints
+from training.settings import Settings
+
+
+# ---- Workers and the chief killed and restarted ------------------------------------
+
+def step_at_least(step):
+  """A wait_for condition: a loss line at global step `step` or later."""
+  def condition(line):
+    found = WORKER_LOSS_LINE.match(line)
+    return found and int(found.group(1)) >= step and int(found.group(1))
+  return condition
+
+
+def count_steps(task, at_least, start=0):
+  """A wait_for condition: the task has logged `at_least` loss lines since lines[start]."""
+  return lambda line: len(matches(WORKER_LOSS_LINE, task.lines[start:])) >= at_least
+
+
+def training(task):
+  task.wait_for(helpers.TRAINING_FROM, 'a session')
+
+
+@pytest.mark.slow
+def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks, sample,
+                                                                           tmp_path):
+  """Sync, 3 workers, updates of 2 gradients: one worker is a backup.
+
+  Worker 2 is killed and the updates go on; it restarts and rejoins. The chief is
+  killed; it restarts from its last checkpoint, rewinding the global step. The run
+  still ends at exactly max_steps. The other workers are paused (SIGSTOP) while a
+  task (re)starts: without the chief's queue runner no update lands, so the run
+  waits for it, and worker 1 cannot take the tokens worker 2 needs for its step.
+  Updates run free only while worker 2 is down (3 and more, while worker 1 takes
+  its slow first step), while the chief alone waits with worker 2 for its first
+  step after rejoining, and until the chief is 4 past a checkpoint (at most 9): a
+  worker's first step is slow (1.8 s measured under load, 30 updates of the others),
+  so no other phase waits for one while the others run.
+  """
+  max_steps, save_every = 50, 5
+  ps_port, *worker_ports = local_cluster.free_ports(4)
+  ps_hosts = ['127.0.0.1:%d' % ps_port]
+  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
+  flags = QUICK_FLAGS + sample.flags + ['--train_dir=%s' % tmp_path,
+                         '--sync_replicas', '--replicas_to_aggregate=2',
+                         '--max_steps=%d' % max_steps, '--save_every_n_steps=%d' % save_every,
+                         '--summary_steps=0']
+
+  def start(job_name, task_index):
+    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+
+  start('ps', 0)
+  workers = [start('worker', i) for i in range(3)]
+  chief = workers[0]
+  chief.wait_for(WORKER_LOSS_LINE, 'first step')
+  chief.send(signal.SIGSTOP)
+  for worker in workers[1:]:
+    training(worker)
+  chief.send(signal.SIGCONT)
+
+  # Worker 2 dies once in the run (its session open): the other two keep supplying
+  # 2 gradients per update, and each update leaves one token more than they take.
+  workers[2].kill()
+  killed = [workers[2]]
+  at_kill = max(helpers.steps(WORKER_LOSS_LINE, chief.lines))
+  chief.wait_for(step_at_least(at_kill + 3), 'updates without worker 2',
+                 start=len(chief.lines))
+  for worker in workers[:2]:
+    worker.send(signal.SIGSTOP)
+  workers[2] = start('worker', 2)
+  training(workers[2])
+  # Its first step needs a token. With both others paused the queue may hold none:
+  # they take the spare tokens as they come, and a gradient found stale spends one.
+  # The chief runs on (worker 1 still paused): its queue runner lands updates of the
+  # gradients in, each handing out tokens, so one reaches worker 2.
+  workers[0].send(signal.SIGCONT)
+  workers[2].wait_for(count_steps(workers[2], 1), 'a step after rejoining')
+  workers[1].send(signal.SIGCONT)
+  assert min(helpers.steps(WORKER_LOSS_LINE, workers[2].lines)) >= at_kill
+
+  # The chief dies 4 steps past a checkpoint, 1 before the next one.
+  saved = [max([0] + helpers.steps(SAVED_LINE, chief.lines))]
+
+  def past_checkpoint(line):
+    found = SAVED_LINE.match(line)
+    if found:
+      saved[0] = int(found.group(1))
+    step = step_at_least(saved[0] + 4)(line)
+    return saved[0] >= save_every and step and (saved[0], step)
+  checkpoint_step, _ = chief.wait_for(
+      past_checkpoint, 'the chief 4 steps past a checkpoint', start=len(chief.lines))
+  chief.kill()
+  killed.append(chief)
+  chief = workers[0] = start('worker', 0)
+  resuming = chief.wait_for(RESUMING_LINE, 'resuming')
+  # It restores the last checkpoint, at the global step stored in it. In sync mode
+  # the chief's queue runner may land an update while the saver writes, so the
+  # file named model.ckpt-N can hold step N + 1 (TensorFlow's CheckpointSaverHook
+  # reads the step for the name before it saves the variables).
+  assert int(resuming.group(1)) == checkpoint_step
+  restored = int(resuming.group(2))
+  assert restored == helpers.global_step(tmp_path / ('model.ckpt-%d' % checkpoint_step))
+  assert checkpoint_step <= restored <= checkpoint_step + 1
+  # The checkpoint it resumed from is not written again (a rewrite that failed could
+  # lose it): its first save is of a step past it.
+  first_saved = chief.wait_for(SAVED_LINE, 'a checkpoint')
+  assert restored < int(first_saved.group(1)), chief.log()
+  assert not [line for line in chief.lines if line.startswith(
+      'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, checkpoint_step))], chief.log()
+
+  local_steps = 0
+  for worker in workers:
+    assert worker.finish() == 0, worker.log()
+    [done] = matches(DONE_LINE, worker.lines)
+    assert int(done.group(3)) == max_steps
+    local_steps += int(done.group(2))
+  assert helpers.global_step(tmp_path) == max_steps
+  # Each update averaged 2 gradients, each from one worker step (a killed task may
+  # have sent one more than it logged).
+  local_steps += sum(len(matches(WORKER_LOSS_LINE, task.lines)) + 1 for task in killed)
+  assert local_steps >= 2 * max_steps
+
+
+@pytest.mark.slow
+def test_ps_killed_and_restarted_both_workers_say_so_and_finish(tasks, tmp_path):
+  max_steps = 60
+  ps_port, *worker_ports = local_cluster.free_ports(3)
+  ps_hosts = ['127.0.0.1:%d' % ps_port]
+  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
+  flags = QUICK_FLAGS + STEADY_FLAGS + ['--train_dir=%s' % tmp_path, '--summary_steps=0',
+                                        '--max_steps=%d' % max_steps, '--save_every_n_steps=10']
+
+  def start(job_name, task_index):
+    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
+
+  ps = start('ps', 0)
+  workers = [start('worker', i) for i in range(2)]
+  for worker in workers:  # each held after two steps: the ps goes away mid-run
+    worker.wait_for(count_steps(worker, 2), 'two steps')
+    worker.send(signal.SIGSTOP)
+  ps.kill()
+  ps = start('ps', 0)
+  for worker in workers:
+    worker.send(signal.SIGCONT)
+  for worker in workers:
+    assert worker.finish() == 0, worker.log()
+    assert ('the session was aborted: a ps task (%s) went away or restarted' % ps_hosts[0]
+            in worker.text), worker.log()
+    assert matches(DONE_LINE, worker.lines)[0].group(3) == str(max_steps)
+  assert helpers.global_step(tmp_path) == max_steps
+
+
+# ---- Preemption: a task stopped by a signal, restarted with the same command -------
+# docs/distributed.md's table "Preemption: a signal to any task, then a restart": its
+# cells that failed before (sync: the chief's queue runner closed the token queue on
+# the ps as it stopped), and the async chief beside them.
+
+PREEMPT_STEPS = 60
+
+
+def preempt_cluster(start, train_dir, *flags):
+  """(start(job_name, task_index) -> Task, the ps host) of one cluster, 1 ps + 2 workers.
+
+  Their waits are far above the test's: a worker waits for a stopped chief to come
+  back (sync: for its token) up to --step_timeout_secs.
+  """
+  ps_port, *worker_ports = local_cluster.free_ports(3)
+  ps_hosts, worker_hosts = ['127.0.0.1:%d' % ps_port], ['127.0.0.1:%d' % p for p in worker_ports]
+  task_flags = QUICK_FLAGS + STEADY_FLAGS + [
+      '--train_dir=%s' % train_dir, '--summary_steps=0', '--max_steps=%d' % PREEMPT_STEPS,
+      '--save_every_n_steps=10', '--startup_timeout_secs=600', '--step_timeout_secs=600',
+      *flags]
+  return (lambda job_name, task_index: start(local_cluster.task_command(
+      job_name, task_index, ps_hosts, worker_hosts, task_flags))), ps_hosts[0]
+
+
+def chief_stopped_at_its_first_step(start, signum):
+  """Starts the chief, signals it, then starts the ps: the chief stops before any step.
+
+  Held without a sleep: the signal goes once the chief's own handlers are in place,
+  and it cannot train before the ps task answers, which it starts only then. It
+  opens its session (its variables initialised, checkpoint 0 saved, the sync
+  chief's token queue filled), takes no step, and exits. Returns (chief, ps).
+  """
+  chief = start('worker', 0)
+  helpers.wait_until(lambda: helpers.signal_caught(chief.pid, signal.SIGTERM),
+                     'the chief\'s stop handlers', task=chief)
+  chief.send(signum)
+  return chief, start('ps', 0)
+
+
+def assert_done_at_max_steps(task):
+  [done] = matches(DONE_LINE, task.lines)
+  assert int(done.group(3)) == PREEMPT_STEPS, task.log()
+  assert 'Traceback' not in task.text, task.log()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum, code, name', [(signal.SIGTERM, 143, 'SIGTERM'),
+                                                (signal.SIGINT, 130, 'Ctrl-C')],
+                         ids=['SIGTERM', 'Ctrl-C'])
+def test_sync_chief_stopped_by_signal_restarted_with_ps_up_all_reach_max_steps(
+    tasks, tmp_path, signum, code, name):
+  start, _ = preempt_cluster(tasks, tmp_path, '--sync_replicas')
+  chief, ps = chief_stopped_at_its_first_step(start, signum)
+  assert chief.finish() == code, chief.log()
+  assert matches(helpers.STOPPED_LINE, chief.lines)[0].groups() == (name, '0'), chief.log()
+  # Worker 1 trains with what the chief left on the ps: its first tokens, then none.
+  worker = start('worker', 1)
+  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
+  chief = start('worker', 0)  # the same command, the ps still up
+  assert chief.finish() == 0, chief.log()
+  assert matches(RESUMING_LINE, chief.lines)[0].groups() == ('0', '0'), chief.log()
+  assert worker.finish() == 0, worker.log()  # once, at the end: it waited for the chief
+  assert ps.finish() == 0, ps.log()
+  for task in (chief, worker):
+    assert_done_at_max_steps(task)
+  assert helpers.global_step(tmp_path) == PREEMPT_STEPS
+
+
+def close_token_queue(ps_host):
+  """Closes the sync token queue on the ps task, as TensorFlow's queue runner does as a
+  chief's session closes: SyncReplicasOptimizer's queue, found by its shared name."""
+  with tf.Graph().as_default() as graph:
+    with tf.device('/job:ps/task:0'):
+      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
+                                 shared_name='sync_token_q')
+      close = queue.close(cancel_pending_enqueues=True)
+  # Only the ps task: a session that also saw the workers would wait for the chief.
+  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
+  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
+    sess.run(close, options=tf.compat.v1.RunOptions(timeout_in_ms=60 * 1000))
+
+
+@pytest.mark.slow
+def test_sync_worker_whose_token_queue_closes_exits_138_without_reporting_finished(
+    tasks, tmp_path):
+  start, ps_host = preempt_cluster(tasks, tmp_path, '--sync_replicas')
+  chief, ps = chief_stopped_at_its_first_step(start, signal.SIGTERM)
+  assert chief.finish() == 143, chief.log()
+  worker = start('worker', 1)
+  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
+  close_token_queue(ps_host)
+  assert worker.finish() == 138, worker.log()  # "restart me", not 0: training is not over
+  assert [line for line in worker.err_lines if line.startswith('error')] == [
+      'error: worker 1: training ended at global step 0, below --max_steps=%d, and no '
+      'signal stopped it: the token queue on the ps tasks was closed, so no averaged '
+      'update can come (restart the ps tasks too: a restarted ps opens a new one). '
+      'Restart this task with the same command; it rejoins.' % PREEMPT_STEPS], worker.log()
+  assert not matches(DONE_LINE, worker.lines), worker.log()
+  assert 'worker 1 has finished' not in ps.text, ps.log()
+
+
+@pytest.mark.slow
+def test_async_chief_stopped_worker_finishes_restarted_chief_resumes_all_exit_0(tasks,
+                                                                                 tmp_path):
+  start, _ = preempt_cluster(tasks, tmp_path)
+  chief, ps = chief_stopped_at_its_first_step(start, signal.SIGTERM)
+  assert chief.finish() == 143, chief.log()
+  # Async, worker 1 needs no chief: it applies every update, to --max_steps.
+  worker = start('worker', 1)
+  assert worker.finish() == 0, worker.log()
+  assert_done_at_max_steps(worker)
+  # The restarted chief puts its last checkpoint back on the ps and trains the rest.
+  chief = start('worker', 0)
+  assert chief.finish() == 0, chief.log()
+  assert matches(RESUMING_LINE, chief.lines)[0].groups() == ('0', '0'), chief.log()
+  assert_done_at_max_steps(chief)
+  assert ps.finish() == 0, ps.log()
+  assert helpers.global_step(tmp_path) == PREEMPT_STEPS
+
+
+# ---- The chief keeps multi_gpu_train.py's checkpoint promises (training.checkpoints) ---------
+
+def train_in_process(train_dir, max_steps, save_every_n_steps):
+  """multi_gpu_train's synthetic run: checkpoints the chief resumes like its own."""
+  multi_gpu_train.train(Settings(
+      str(train_dir), '', synthetic=True, batch_size=8, max_steps=max_steps, summary_steps=0,
+      save_every_n_steps=save_every_n_steps))
+
+
+def _state_file(train_dir, *paths):
+  with open(os.path.join(train_dir, 'checkpoint'), 'w') as f:
+    f.write('model_checkpoint_path: "%s"\n' % paths[-1])
+    for path in paths:
+      f.write('all_model_checkpoint_paths: "%s"\n' % path)
+
+
+@pytest.mark.slow
+def test_chief_copied_dir_rotation_never_deletes_the_original(tasks, tmp_path):
+  run1, run2 = str(tmp_path / 'run1'), str(tmp_path / 'run2')
+  train_in_process(run1, max_steps=3, save_every_n_steps=1)
+  shutil.copytree(run1, run2)
+  # An older state file, written with absolute paths: it names run1's files.
+  steps = sorted(checkpoints.checkpoint_step(name[:-len('.index')])
+                 for name in os.listdir(run1) if name.endswith('.index'))
+  assert steps[-3:] == [1, 2, 3]
+  _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in steps])
+  originals = sorted(os.listdir(run1))
+  logs = run_local_cluster(tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
+                           '--max_steps=12', '--save_every_n_steps=1')
+  assert sorted(os.listdir(run1)) == originals  # 12 saves rotated in run2 alone
+  assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == '3'
+  kept = sorted(n for n in os.listdir(run2) if n.endswith('.index'))
+  assert kept == ['model.ckpt-%d.index' % s for s in (10, 11, 12, 8, 9)]
+
+
+@pytest.mark.slow
+def test_chief_without_state_file_resumes_from_newest_checkpoint_not_step_0(tasks, tmp_path):
+  train_dir = str(tmp_path)
+  train_in_process(train_dir, max_steps=4, save_every_n_steps=2)
+  os.remove(os.path.join(train_dir, 'checkpoint'))
+  logs = run_local_cluster(tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+                           '--max_steps=6', '--save_every_n_steps=2')
+  assert matches(RESUMING_LINE, logs['worker0'])[0].groups() == ('4', '4')
+  assert 'worker 0: training from global step 4' in logs['worker0']
+  assert not [line for line in logs['worker0'] if line.endswith('model.ckpt-0')]
+  assert helpers.global_step(train_dir) == 6
+
+
+@pytest.mark.slow
+def test_chief_failed_checkpoint_write_exits_1_saying_so(tasks, tmp_path):
+  # A file-size limit of 1 MB: the first checkpoint (4 MB of variables) cannot be written.
+  launcher = tasks(['prlimit', '--fsize=1000000', *helpers.Task.python_argv('dist_train.py'),
+                    '--local_cluster=1,1', '--train_dir=%s' % tmp_path, '--synthetic',
+                    '--summary_steps=0', '--max_steps=6'] + QUICK_FLAGS)
+  assert launcher.finish() == 1, launcher.log()
+  assert re.search(r'\[worker0\] error: cannot write checkpoint \S+model\.ckpt-0: File too '
+                   r'large', launcher.text), launcher.log()
+  assert not [n for n in os.listdir(str(tmp_path)) if 'tempstate' in n or
+              n.startswith('model.ckpt')]
+
+
+@pytest.mark.slow
+def test_chief_resumed_that_cannot_write_keeps_the_checkpoint_it_resumed_from(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=4, save_every_n_steps=2)
+  before = {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+            if n.startswith('model.ckpt-4')}
+  # Resumed under a file-size limit of 1 MB: no checkpoint (4 MB) can be written.
+  launcher = tasks(['prlimit', '--fsize=1000000', *helpers.Task.python_argv('dist_train.py'),
+                    '--local_cluster=1,1', '--train_dir=%s' % tmp_path, '--synthetic',
+                    '--summary_steps=0', '--max_steps=8', '--save_every_n_steps=2']
+                   + QUICK_FLAGS)
+  assert launcher.finish() == 1, launcher.log()
+  assert re.search(r'\[worker0\] error: cannot write checkpoint \S+model\.ckpt-6: File too '
+                   r'large.*the previous checkpoint, step 4, and the state file are untouched',
+                   launcher.text), launcher.log()
+  # It did not write the step it resumed from again, and what it says is so.
+  assert {n: os.path.getsize(tmp_path / n) for n in os.listdir(tmp_path)
+          if n.startswith('model.ckpt-4')} == before
+  assert helpers.global_step(tmp_path) == 4
+  assert not [n for n in os.listdir(tmp_path) if n.startswith('model.ckpt-6')]
+
+
+@pytest.mark.parametrize('state, over', [
+    ('model_checkpoint_path: "model.ckpt-4"\n', True),
+    ('model_checkpoint_path: "model.ckpt-3"\n', False),
+    ('model_checkpoint_path: "model.ckpt-5"\n', False),  # named, its files gone
+    ('not a state file {\n', False),  # the chief's checks say what is wrong with it
+    (None, False),
+], ids=['at-max', 'below', 'named-but-gone', 'unreadable', 'none'])
+def test_job_is_over_only_at_max_steps_read_by_the_state_file_reader(tmp_path, capsys,
+                                                                     state, over):
+  for step in (3, 4):  # the checkpoints on disk (their index files; nothing reads them)
+    (tmp_path / ('model.ckpt-%d.index' % step)).write_text('')
+  if state is not None:
+    (tmp_path / 'checkpoint').write_text(state)
+  ps = cluster_env.Cluster(['127.0.0.1:1'], ['127.0.0.1:2'], 'ps', 0, 'flags', '')
+  settings = Settings(str(tmp_path), '', synthetic=True, max_steps=4)
+  assert ps_task.job_is_over(ps, None, settings) == over
+  said = capsys.readouterr().out
+  assert said == ('ps 0: the job is over: %s/model.ckpt-4 is at step 4, not below '
+                  '--max_steps=4: nothing to do. Raise --max_steps to train further.\n'
+                  % tmp_path if over else ''), said
+
+
+@pytest.mark.slow
+def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_path):
+  train_in_process(tmp_path, max_steps=2, save_every_n_steps=2)
+  before = sorted(os.listdir(tmp_path))
+  ps_hosts, worker_hosts = (lambda h: (h[:1], h[1:]))(
+      ['127.0.0.1:%d' % p for p in local_cluster.free_ports(3)])
+  flags = QUICK_FLAGS + ['--synthetic', '--train_dir=%s' % tmp_path, '--max_steps=2']
+  # Each alone, as an orchestrator retrying a finished job starts them: none waits
+  # for the others (a ps would serve forever, a worker wait for the ps tasks).
+  for job_name, task_index in (('ps', 0), ('worker', 0), ('worker', 1)):
+    task = tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts,
+                                            flags))
+    assert task.finish(timeout=60) == 0, task.log()
+    assert ('%s %d: the job is over: %s/model.ckpt-2 is at step 2, not below '
+            '--max_steps=2: nothing to do.' % (job_name, task_index, tmp_path)
+            in task.text), task.log()
+  assert sorted(os.listdir(tmp_path)) == before  # no record, no checkpoint, no lock
+
+
+def _diverging_copy(tmp_path):
+  """A copy of the programs whose MNIST learning rate is 1e12: the loss diverges at once."""
+  copy = tmp_path / 'diverging'
+  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns(
+      '.git', 'tests', 'benchmarks', 'docs', 'deploy', '__pycache__'))
+  model = copy / 'mnist' / 'model.py'
+  text, edits = re.subn(r'^INITIAL_LEARNING_RATE = \S+', 'INITIAL_LEARNING_RATE = 1e12',
+                        model.read_text(), flags=re.M)
+  assert edits == 1
+  model.write_text(text)
+  return copy
+
+
+@pytest.mark.slow
+def test_chief_diverging_saves_no_non_finite_checkpoint_and_says_which_is_untouched(
+    tasks, tmp_path):
+  copy, train_dir = _diverging_copy(tmp_path), tmp_path / 'train'
+  launcher = tasks([str(copy / 'dist_train.py'), '--local_cluster=1,1',
+                    '--train_dir=%s' % train_dir, *QUICK_FLAGS, *STEADY_FLAGS,
+                    '--save_every_n_steps=1', '--summary_steps=0', '--max_steps=1000'])
+  assert launcher.finish() == 1, launcher.log()
+  [error] = [line.partition('] ')[2] for line in launcher.lines if '] error: ' in line]
+  said = re.search(r'(loss is nan at step \d+ on worker 0|a variable became NaN or '
+                   r'infinite by step \d+).*the last checkpoint, step (\d+), is untouched\.$',
+                   error)
+  assert said, launcher.log()
+  # What it says is so: that checkpoint is the newest, and no checkpoint holds a NaN.
+  state = tf.train.get_checkpoint_state(str(train_dir))
+  assert os.path.basename(state.model_checkpoint_path) == 'model.ckpt-%s' % said.group(2)
+  for path in state.all_model_checkpoint_paths:
+    for name, value in helpers.checkpoint(train_dir / path).items():
+      assert np.isfinite(value).all(), (path, name)

@@ -1,0 +1,127 @@
+"""dist_train.py's flags and start-up: what a task refuses, or says, before it trains.
+
+Flags as a user runs them (hosts not on loopback, multi_gpu_train.py's flags it does
+not take, values out of range, --helpshort), the warning of a hand-started task, and
+a worker that cannot start: no ps task to reach, or a batch too large for memory.
+Each process is bounded in time and killed when its test ends, pass or fail.
+"""
+import os
+import time
+
+import pytest
+
+import dist_train
+import helpers
+from distributed import local_cluster
+
+
+# ---- Flags, as a user runs them ---------------------------------------------------
+
+
+def test_main_nonloopback_host_without_opt_in_exits_before_serving(tmp_path):
+  done = helpers.run(['dist_train.py', '--job_name=ps', '--ps_hosts=10.1.2.3:2222',
+                      '--worker_hosts=127.0.0.1:2223', '--train_dir=%s' % tmp_path])
+  assert done.code == 1, done.log()
+  assert ('error: --ps_hosts names 10.1.2.3:2222, which is not a loopback address'
+          in done.err), done.log()
+  assert '--allow_nonloopback_hosts' in done.err
+  assert 'serving' not in done.out
+
+
+def test_main_multi_gpu_train_only_flag_exits_naming_it(tmp_path):
+  done = helpers.run(['dist_train.py', '--local_cluster=1,1', '--fresh',
+                      '--train_dir=%s' % tmp_path])
+  assert done.code == 1, done.log()
+  assert ('error: --fresh is a multi_gpu_train.py flag that dist_train.py does not take'
+          in done.err), done.log()
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--local_cluster=1,2', '--sync_replicas', '--replicas_to_aggregate=3'],
+     'error: --replicas_to_aggregate=3 is more than the 2 workers: no update could ever '
+     'gather that many gradients'),
+    (['--local_cluster=1,1', '--step_timeout_secs=%d' % 10 ** 13],
+     'error: --step_timeout_secs must be at most 604800 (a week), got %d' % 10 ** 13),
+], ids=['replicas', 'seconds'])
+def test_main_value_out_of_range_exits_naming_it_before_any_task(tmp_path, flags, message):
+  done = helpers.run(['dist_train.py', '--train_dir=%s' % tmp_path, '--synthetic', *flags])
+  assert done.code == 1 and done.err.splitlines()[-1] == message, done.log()
+  assert 'local cluster:' not in done.out and os.listdir(tmp_path) == []
+
+
+@pytest.mark.xdist_group('helpshort')
+def test_helpshort_lists_multi_gpu_train_flags_it_accepts_not_the_refused(helpshort):
+  listed = helpers.listed_flags(helpshort('dist_train.py').out)
+  for name in ('dataset', 'data_dir', 'max_steps', 'num_gpus', 'batch_size', 'train_dir',
+               'save_every_n_steps', 'sync_replicas', 'local_cluster'):
+    assert name in listed, (name, helpshort('dist_train.py').log())
+  assert not listed & set(dist_train.REFUSED_FLAGS)
+
+
+@pytest.mark.xdist_group('helpshort')
+def test_helpshort_prints_the_docstring_verbatim(helpshort):
+  out = helpshort('dist_train.py').out  # absl exits 1 after the help
+  # Line breaks kept (the command lines end in a backslash), no % taken as a format.
+  assert dist_train.__doc__.strip() in out
+  assert '--task_index=0 \\\n        --ps_hosts=10.0.0.1:2222' in out
+
+
+@pytest.mark.slow
+def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice(tmp_path):
+  ps_port, worker_port = local_cluster.free_ports(2)
+  done = helpers.run(['dist_train.py', '--job_name=worker', '--task_index=0', '--synthetic',
+                      '--ps_hosts=127.0.0.1:%d' % ps_port,
+                      '--worker_hosts=127.0.0.1:%d' % worker_port,
+                      '--startup_timeout_secs=1', '--train_dir=%s' % tmp_path])
+  assert done.code == 138 and 'waited 1 s for the ps task(s)' in done.err, done.log()
+  assert ('anyone who can reach port %d of this machine (this task, worker 0)' % worker_port
+          in done.out), done.log()
+  assert 'tensorflow/blob/master/SECURITY.md' in done.out
+
+
+# ---- A worker that cannot start ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_worker_no_ps_reachable_exits_138_after_its_startup_deadline(tasks, sample, tmp_path):
+  ps_port, worker_port = local_cluster.free_ports(2)  # nothing listens on ps_port
+  worker = tasks(['dist_train.py', '--job_name=worker', '--task_index=0',
+                  '--ps_hosts=127.0.0.1:%d' % ps_port,
+                  '--worker_hosts=127.0.0.1:%d' % worker_port,
+                  '--startup_timeout_secs=2', *sample.flags, '--train_dir=%s' % tmp_path])
+  assert worker.finish() == 138, worker.log()  # a peer went away: restart this task (>= 128)
+  ended = time.time()
+  # The security warning comes once TensorFlow is imported, before the wait: then 2 s,
+  # not the default 120.
+  [warned] = [when for line, when in zip(worker.lines, worker.arrived)
+              if 'anyone who can reach port %d' % worker_port in line]
+  assert ended - warned < 30, worker.log()
+  errors = [line for line in worker.err_lines if line.startswith('error')]
+  assert errors == [
+      'error: worker 0 waited 2 s for the ps task(s) at 127.0.0.1:%d: nothing accepts '
+      'connections there. Start them first (python dist_train.py --job_name=ps '
+      '--task_index=i with the same --ps_hosts and --worker_hosts), check --ps_hosts, or '
+      'raise --startup_timeout_secs.' % ps_port], worker.log()
+  assert 'Traceback' not in worker.text
+  assert '--startup_timeout_secs' in worker.text
+
+
+# A batch whose one step needs more memory than any machine has (about 2 MB an image).
+HUGE_BATCH = 10 ** 7
+
+
+@pytest.mark.slow
+def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(tasks,
+                                                                                tmp_path):
+  ps_port, worker_port = local_cluster.free_ports(2)
+  hosts = ['--ps_hosts=127.0.0.1:%d' % ps_port, '--worker_hosts=127.0.0.1:%d' % worker_port]
+  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  worker = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
+                  '--synthetic', '--batch_size=%d' % HUGE_BATCH, '--train_dir=%s' % tmp_path])
+  assert worker.finish() == 1, worker.log()
+  errors = [line for line in worker.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and errors[0].startswith(
+      'error: one step at --batch_size=%d x 1 towers needs about ' % HUGE_BATCH), worker.log()
+  assert 'Traceback' not in worker.text and 'Starting from step 0' not in worker.text
+  assert not [name for name in os.listdir(tmp_path) if name.startswith('model.ckpt')]
