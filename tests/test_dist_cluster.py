@@ -168,8 +168,9 @@ def test_slurm_one_node_three_tasks_every_task_exits_0(tasks, tmp_path):
   logs = [ended['rank%d' % rank][1] for rank in range(3)]
   for rank, this in enumerate(['ps 0', 'worker 0, the chief', 'worker 1']):
     assert ('cluster from Slurm (SLURM_*): 1 ps, 2 workers on 1 node (127.0.0.1); this task: '
-            '%s (SLURM_PROCID=%d); CUDA_VISIBLE_DEVICES=%d set by the resolver'
-            % (this, rank, rank)) in logs[rank].splitlines()
+            '%s (SLURM_PROCID=%d); ports %d + the task\'s index on its node; '
+            'CUDA_VISIBLE_DEVICES=%d set by the resolver'
+            % (this, rank, base, rank)) in logs[rank].splitlines()
   assert 'TensorFlow sees 0 GPU(s) (CUDA_VISIBLE_DEVICES=2)' in logs[2]
   assert 'ps task 0 serving at grpc://127.0.0.1:%d' % base in logs[0]
   assert 'ps task 0 done: training is over' in logs[0]

@@ -43,7 +43,7 @@ def first_run(sample_dir, write, train_flags):
   with train_flags added (the last --max_steps given wins). Returns {name: Run}."""
   runs = {'write': helpers.run(write + ['--write_sample=%s' % sample_dir])}
   _assert_ok(runs['write'])
-  train, evaluate, dist = _printed_commands(runs['write'].out)
+  train, evaluate, dist, _ = _printed_commands(runs['write'].out)  # _: the dist's eval
   runs['train'] = helpers.run(train + train_flags)
   runs['eval'] = helpers.run(evaluate)
   runs['dist'] = helpers.run(dist + ['--only_check_args'])
@@ -74,7 +74,7 @@ def test_write_sample_cli_writes_real_layout(cifar10_first_run):
 @pytest.mark.xdist_group('first_run_cifar10')
 def test_write_sample_cli_printed_commands_run(cifar10_first_run):
   _, runs = cifar10_first_run
-  train, evaluate, dist = _printed_commands(runs['write'].out)
+  train, evaluate, dist, _ = _printed_commands(runs['write'].out)  # _: the dist's eval
   assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
   _assert_ok(runs['train'], 'step 1, loss = ', 'model.ckpt-2')
   _assert_ok(runs['eval'], 'precision @ 1 = ', '20 test records')
@@ -128,7 +128,7 @@ def mnist_first_run(tmp_path_factory):
 def test_mnist_write_sample_cli_commands_run(mnist_first_run):
   sample_dir, runs = mnist_first_run
   assert sorted(os.listdir(sample_dir)) == ['test.tfrecords', 'train.tfrecords']
-  train, evaluate, dist = _printed_commands(runs['write'].out)
+  train, evaluate, dist, _ = _printed_commands(runs['write'].out)  # _: the dist's eval
   assert train[:2] == ['multi_gpu_train.py', '--dataset=mnist'] and evaluate[0] == 'mnist_eval.py'
   _assert_ok(runs['train'], 'step 100, loss = ')
   _assert_ok(runs['eval'], 'precision @ 1 = ', '100 test records')
