@@ -410,14 +410,14 @@ def _remove_staging(staging, replaced):
         os.remove(full)
     except OSError:  # gone, or a directory that holds more than was written: kept
       pass
-  for directory in (old, staging):
+  for kept in (old, staging):
     try:
-      os.rmdir(directory)
+      os.rmdir(kept)
     except FileNotFoundError:
       pass
     except OSError as e:
       print('Kept %s: %s. It holds what export_model.py did not write or could not remove; '
-            'look through it, then delete it.' % (directory, e.strerror),
+            'look through it, then delete it.' % (kept, e.strerror),
             file=sys.stderr, flush=True)
       return
 

@@ -538,13 +538,8 @@ def serve(directory):
       pass
   server = http.server.ThreadingHTTPServer(
       ('127.0.0.1', 0), functools.partial(Quiet, directory=str(directory)))
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    yield 'http://127.0.0.1:%d/' % server.server_address[1]
-  finally:
-    server.shutdown()
-    server.server_close()
+  with _served(server) as url:
+    yield url
 
 
 @contextlib.contextmanager
@@ -573,13 +568,18 @@ def serve_stream(headers, chunks):
 
     def log_message(self, *args):
       pass
-  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Hostile)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
+  with _served(http.server.ThreadingHTTPServer(('127.0.0.1', 0), Hostile), done.set) as url:
+    yield url
+
+
+@contextlib.contextmanager
+def _served(server, on_close=lambda: None):
+  """Serves on a daemon thread; yields the base URL; on_close(), then stops it."""
+  threading.Thread(target=server.serve_forever, daemon=True).start()
   try:
     yield 'http://127.0.0.1:%d/' % server.server_address[1]
   finally:
-    done.set()
+    on_close()
     server.shutdown()
     server.server_close()
 
