@@ -20,7 +20,9 @@ def run_ps(cluster, task_index, stop):
 
   Args:
     cluster: tf.compat.v1.train.ClusterSpec with jobs 'ps' and 'worker'.
-    stop: a signals.StopSignals: Ctrl-C or SIGTERM ends the wait.
+    stop: a signals.StopSignals: Ctrl-C or SIGTERM ends the wait once the chief has
+      said it saved, or after ps_shutdown.STOP_WAIT_SECS (a whole job stopped at once:
+      the chief's variables live here); a Ctrl-C after it, at once.
 
   Raises:
     errors.Stopped: stopped by a signal before the workers had finished.
@@ -34,7 +36,7 @@ def run_ps(cluster, task_index, stop):
     seen = ps_shutdown.wait_for_workers(server, task_index, num_workers,
                                         should_stop=lambda: stop.requested,
                                         log=lambda line: print(line, flush=True))
-  except KeyboardInterrupt:  # a second signal
+  except KeyboardInterrupt:  # a Ctrl-C after the first signal: at once
     seen = ps_shutdown.WorkersSeen([], 'stopped')
   if seen.why == 'stopped':
     print('ps task %d stopped by %s' % (task_index, stop.name), flush=True)
