@@ -38,7 +38,8 @@ REPORT_TIMEOUT_SECS = 30   # a worker gives up saying it has finished to a ps th
 STOP_WAIT_SECS = 20        # a ps task asked to stop serves the chief's save this long at most:
                            # well inside the 30 s Slurm (KillWait) and Kubernetes
                            # (terminationGracePeriodSeconds) give before SIGKILL
-OTHERS_STOP_SECS = 5       # ... then the other workers' last steps this long at most
+OTHERS_STOP_SECS = 15      # ... then the other workers' last steps and closes this long at
+                           # most (a worker closing on a ps task gone would hang there)
 
 WorkersSeen = collections.namedtuple('WorkersSeen', [
     'reported',  # sorted worker indexes that said they finished

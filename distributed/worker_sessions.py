@@ -26,6 +26,8 @@ from training import checkpoints, errors, mixed_precision, steps, summaries
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
+STOPPED_WORKER_SECS = 22     # a stopped non-chief still running this long after its step
+                             # exits (inside the 30 s before Slurm's or Kubernetes' SIGKILL)
 END_SAVE_TRIES = 5           # the chief's last save, again while other workers move the step
 STOP_CHECK_SECS = 2          # a worker awaiting the chief looks for a stop this often
 # What a step, the session's close or its reopening raise once the ps tasks are gone.
@@ -203,14 +205,21 @@ def watch_stopping_step(stop, progress, who, is_chief, release=None,
             'it hands itself a token' % (who, after_secs), flush=True)
       release()
     if not _step_ends(progress, after_secs):
-      line = ('Stopped by %s at step %d%s; its last step never returned (the ps tasks have '
-              'left). Rerun the same command to resume%s.\n' % (
-                  stop.name, progress.step, ' without saving it' if is_chief else '',
-                  ' from the last checkpoint' if is_chief else ''))
-      os.write(1, line.encode())  # not print(): the main thread may hold stdout's lock
-      os._exit(stop.exit_code)  # pylint: disable=protected-access
+      _exit_stopped(stop, progress, is_chief, 'its last step never returned')
+    if not is_chief:  # nothing to save: its close must not outlast the grace period
+      time.sleep(STOPPED_WORKER_SECS)
+      _exit_stopped(stop, progress, is_chief, 'its session did not close')
 
   threading.Thread(target=watch, daemon=True, name='watch_stopping_step').start()
+
+
+def _exit_stopped(stop, progress, is_chief, what):
+  """The stopped task's line and exit code, from a thread: the main thread is stuck."""
+  line = ('Stopped by %s at step %d%s; %s (the ps tasks have left). Rerun the same command '
+          'to resume%s.\n' % (stop.name, progress.step, ' without saving it' if is_chief
+                               else '', what, ' from the last checkpoint' if is_chief else ''))
+  os.write(1, line.encode())  # not print(): the main thread may hold stdout's lock
+  os._exit(stop.exit_code)  # pylint: disable=protected-access
 
 
 def _step_ends(progress, secs):
