@@ -247,8 +247,7 @@ def build(run, mode, settings, data, epoch, record):
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
-      next_batch = tf.compat.v1.data.make_one_shot_iterator(inputs.train_dataset(
-          data.input, settings.data_dir, settings.batch_size, settings.synthetic)).get_next
+      next_batch = worker_batches(data, settings)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
@@ -279,6 +278,23 @@ def build(run, mode, settings, data, epoch, record):
                                         KEEP_CHECKPOINTS) if run.is_chief else [])
   return TrainGraph(global_step, loss, update.train_op, update.outcome, hooks, scaffold,
                     decay_steps, examples_per_update)
+
+
+def worker_batches(data, settings):
+  """The worker's input: a function that returns its next batch's tensors.
+
+  Without tf.data's autotuning thread. Closing a session on a cluster deletes the
+  worker's graphs, and with them the iterator, whose deletion waits out that
+  thread's pause between tunings, which grows to a minute: workers and chiefs
+  stopped together hung there for 10-30 s after their last step, past the ps
+  tasks' stay (3 jobs of 5). Without it, AUTOTUNE parallel calls keep their
+  starting value (the CPUs, at most 16) and prefetch still sizes its buffer.
+  """
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  dataset = inputs.train_dataset(data.input, settings.data_dir, settings.batch_size,
+                                 settings.synthetic).with_options(options)
+  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
 
 
 def print_start(run, mode, graph, settings, model, epoch):

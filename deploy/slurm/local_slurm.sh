@@ -130,6 +130,14 @@ ReturnToService=2
 JobRequeue=1
 # Seconds between a job's SIGTERM and its SIGKILL at its time limit or scancel.
 KillWait=30
+# Longer than KillWait. srun --kill-on-bad-exit, once a task has exited 143 on
+# a stop, asks slurmctld to SIGTERM the step and SIGKILL it after KillWait; slurmd
+# answers when that is done. Past MessageTimeout (10 s by default) slurmctld
+# gives up and sends the same request again 60 s later, to the same job and
+# step ID. On a cluster with the default cred_expire a requeued job has not
+# started again by then; here (cred_expire=10 above) it has, and that late
+# request stopped its new run.
+MessageTimeout=45
 SlurmctldDebug=info
 SlurmdDebug=info
 EOF
