@@ -54,8 +54,8 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
-from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, task_cluster,
-                         worker_end, worker_sessions, worker_updates)
+from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, run_match,
+                         task_cluster, worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -157,7 +157,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
-      graph = build(run, mode, settings, data, epoch, record)
+      graph = build(run, mode, settings, worker, data, epoch, record)
       startup.check_memory([graph.train_op, graph.loss] + (  # before writing
           [graph.scaffold.summary_op] if graph.scaffold.summary_op is not None else []),
           settings)
@@ -168,7 +168,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                                           mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
         with open_session(run, graph, settings, worker.startup_timeout_secs, stop) as sess:
-          loop(sess, run, mode, graph, settings, worker.step_timeout_secs, stop, progress)
+          loop(sess, run, mode, graph, settings, worker, stop, progress)
           run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                            '%s: closing the session hung after the last step (%d)'
                            % (run.who, progress.step))
@@ -229,12 +229,13 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'outcome',          # fetched with train_op, for the mode: a worker_updates.Outcome
     'hooks',            # this worker's session's: the update's, the chief's saves, summaries
     'scaffold',         # the saver (the chief's checkpoints) and the summary op
+    'run_match',        # a run_match.RunMatch: what this worker trains, and the chief
     'decay_steps',      # int: updates between two drops of the learning rate
     'examples_per_update',  # int: the examples the learning-rate schedule counts per update
 ])
 
 
-def build(run, mode, settings, data, epoch, record):
+def build(run, mode, settings, worker, data, epoch, record):
   """Input, towers, the average and the update, placed by replica_device_setter.
 
   fp16: the loss scale lives on the ps with the variables (and in the checkpoint). Each
@@ -249,6 +250,8 @@ def build(run, mode, settings, data, epoch, record):
     with tf.device('/cpu:0'):
       next_batch = worker_batches(data, settings)
     global_step = tf.compat.v1.train.get_or_create_global_step()
+    match = run_match.RunMatch(run_match.describe(settings, worker, data), run.num_workers,
+                               run.task_index)
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
@@ -272,12 +275,15 @@ def build(run, mode, settings, data, epoch, record):
                                             lr, model, snapshot and snapshot.scale)
                   if settings.summary_steps else None)
     # Not sharded: the chief writes every file, so only it needs --train_dir.
-    scaffold = tf.compat.v1.train.Scaffold(saver=checkpoints.make_saver(),
-                                           summary_op=summary_op)
+    # The chief says what it trains each time its session opens (run_match.py).
+    scaffold = tf.compat.v1.train.Scaffold(
+        saver=checkpoints.make_saver(), summary_op=summary_op,
+        local_init_op=tf.group(tf.compat.v1.train.Scaffold.default_local_init_op(),
+                               match.publish_op) if run.is_chief else None)
     hooks = update.hooks + (chief.hooks(run, settings, model, scaffold, global_step, record,
                                         KEEP_CHECKPOINTS) if run.is_chief else [])
   return TrainGraph(global_step, loss, update.train_op, update.outcome, hooks, scaffold,
-                    decay_steps, examples_per_update)
+                    match, decay_steps, examples_per_update)
 
 
 def worker_batches(data, settings):
@@ -347,12 +353,17 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
-def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
+def loop(sess, run, mode, graph, settings, worker, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
-  read_step = lambda step_context: step_context.session.run(graph.global_step)
-  step = sess.run_step_fn(read_step)
+  run_fetch = lambda fetch: sess.run_step_fn(lambda step_context: step_context.session.run(fetch))
+  if run.is_chief:
+    mode.wait_for_workers(graph.run_match, run_fetch, worker.startup_timeout_secs,
+                          lambda: stop.requested)
+  else:
+    graph.run_match.join(run_fetch, run.who, run.chief_host, worker.startup_timeout_secs)
+  step = run_fetch(graph.global_step)
   print('%s: training from global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
     print('%s: global step %d is not below --max_steps=%d: nothing to do. Raise '
@@ -362,7 +373,7 @@ def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
     progress.stepping.set()
-    results = run_step(sess, run, mode, graph, step_timeout_secs)
+    results = run_step(sess, run, mode, graph, worker.step_timeout_secs)
     progress.stepping.clear()
     if results is None:
       break  # async: the other workers have claimed the last updates (see run_step)
@@ -381,7 +392,7 @@ def loop(sess, run, mode, graph, settings, step_timeout_secs, stop, progress):
                             ' [worker %d, local step %d]' % (run.task_index, local_step))
     step, last_shown = outcome.step_after, shown
   # The hooks may have stopped the loop on an update another worker waited for.
-  step = sess.run_step_fn(read_step)
+  step = run_fetch(graph.global_step)
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   if step >= max_steps:

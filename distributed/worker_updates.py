@@ -175,6 +175,9 @@ class AsyncUpdates:
   def __init__(self, run):
     self._run = run  # dist_train.py's WorkerRun: who, ps_hosts, chief_host, ...
 
+  def wait_for_workers(self, match, run_fetch, timeout_secs, should_stop):
+    """Nothing: each worker's update is its own."""
+
   def build(self, opt, grads, global_step, ema, max_steps, fp16=None):
     """The update, then the moving averages; an Update.
 
@@ -275,6 +278,15 @@ class SyncUpdates:
         skip_check = skips.dequeue_up_to(skips.size())  # every note left since the last step
     return Update(train_op, Outcome(tf.identity(train_op), skip_check), hooks)
 
+  def wait_for_workers(self, match, run_fetch, timeout_secs, should_stop):
+    """The chief, before its first step: every worker joined (run_match.RunMatch),
+    unless backup workers were asked for (fewer gradients per update than workers).
+    Each update averages the first gradients computed from its variables, whichever
+    workers send them: alone, the chief would average its own, several to an update."""
+    run = self._run
+    if run.is_chief and run.num_workers > 1 and self.gradients_per_update == run.num_workers:
+      match.wait_for_workers(run_fetch, run.who, timeout_secs, should_stop)
+
   def shown_step(self, step, outcome):
     # This worker's gradient goes into the update after the one its token came from;
     # the token it gets back is that of an update already applied.
@@ -305,9 +317,10 @@ class SyncUpdates:
   def mode_line(self, batch_size, num_towers):
     run, n = self._run, self.gradients_per_update
     return ('sync: each update averages %d gradients of %d images (%d x %d towers) from '
-            '%d workers, %d of them backup' % (n, batch_size * num_towers, batch_size,
-                                               num_towers, run.num_workers,
-                                               max(run.num_workers - n, 0)))
+            '%d workers, %d of them backup: the first %d computed from its variables, so a '
+            'worker that falls behind has its place taken by a faster one'
+            % (n, batch_size * num_towers, batch_size, num_towers, run.num_workers,
+               max(run.num_workers - n, 0), n))
 
   def ended_early_message(self, step, max_steps):
     return _ended_early(self._run, step, max_steps,
@@ -320,10 +333,10 @@ class SyncUpdates:
   def slow_step_message(self, step_timeout_secs):
     n = self.gradients_per_update
     return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
-            '%d gradients, at most one from each worker, and for the chief (worker 0 at '
-            '%s) to apply them: check that the chief and at least %d workers are running, '
-            'or raise --step_timeout_secs.' % (self._run.who, step_timeout_secs, n,
-                                               self._run.chief_host, n))
+            '%d gradients computed from the current variables, and for the chief (worker '
+            '0 at %s) to apply them: check that the chief and at least %d workers are '
+            'running, or raise --step_timeout_secs.' % (self._run.who, step_timeout_secs,
+                                                        n, self._run.chief_host, n))
 
 
 def _fp16_line(halved_by):

@@ -6,6 +6,9 @@ a worker that cannot start: no ps task to reach, or a batch too large for memory
 Each process is bounded in time and killed when its test ends, pass or fail.
 """
 import os
+import re
+import shutil
+import sys
 import time
 
 import pytest
@@ -125,3 +128,63 @@ def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(
       'error: one step at --batch_size=%d x 1 towers needs about ' % HUGE_BATCH), worker.log()
   assert 'Traceback' not in worker.text and 'Starting from step 0' not in worker.text
   assert not [name for name in os.listdir(tmp_path) if name.startswith('model.ckpt')]
+
+
+# ---- Every worker trains the chief's run (distributed/run_match.py) ----------------
+
+
+def hand_started(num_workers):
+  """The --ps_hosts and --worker_hosts flags of a hand-started job with 1 ps task."""
+  ports = local_cluster.free_ports(1 + num_workers)
+  return ['--ps_hosts=127.0.0.1:%d' % ports[0],
+          '--worker_hosts=%s' % ','.join('127.0.0.1:%d' % p for p in ports[1:])]
+
+
+@pytest.mark.slow
+def test_sync_chief_without_its_other_worker_waits_then_exits_138_training_nothing(
+    tasks, tmp_path):
+  hosts = hand_started(2)
+  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
+                 *helpers.STEADY_FLAGS, '--sync_replicas', '--startup_timeout_secs=5',
+                 '--max_steps=50', '--train_dir=%s' % tmp_path])
+  assert chief.finish() == 138, chief.log()
+  assert 'worker 0: sync: waiting for worker(s) 1 to join, up to 5 s' in chief.out_lines
+  errors = [line for line in chief.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and errors[0].startswith(
+      'error: worker 0 waited 5 s for worker(s) 1 to join.'), chief.log()
+  assert 'Traceback' not in chief.text and 'training from global step' not in chief.text
+  assert helpers.global_step(tmp_path) == 0  # the step-0 checkpoint, and no update
+
+
+@pytest.mark.slow
+def test_worker_built_from_other_model_constants_refused_in_one_line_chief_unharmed(
+    tasks, tmp_path):
+  # The worker runs a copy of the project whose MNIST hidden layer and learning rate
+  # differ: as a worker started from another checkout would.
+  copy = tmp_path / 'other_checkout'
+  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
+  model = copy / 'mnist' / 'model.py'
+  text = model.read_text()
+  for name, value in (('LAYER1_NODE', 600), ('INITIAL_LEARNING_RATE', 0.5)):
+    text, count = re.subn(r'^%s = .*$' % name, '%s = %s' % (name, value), text, flags=re.M)
+    assert count == 1, name
+  model.write_text(text)
+  hosts = hand_started(2)
+  flags = [*hosts, *helpers.STEADY_FLAGS, '--max_steps=50', '--startup_timeout_secs=60']
+  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *flags,
+                 '--train_dir=%s' % (tmp_path / 'train')])
+  other = tasks([sys.executable, '-u', str(copy / 'dist_train.py'), '--job_name=worker',
+                 '--task_index=1', *flags])
+  assert other.finish() == 1, other.log()
+  errors = [line for line in other.err_lines if line.startswith('error')]
+  assert errors == [
+      'error: worker 1 does not train what the chief (worker 0 at %s) trains: '
+      'mnist/model.py INITIAL_LEARNING_RATE is 0.5 here and 0.001 on the chief; '
+      'mnist/model.py LAYER1_NODE is 600 here and 500 on the chief. Start every task '
+      'from the same code and the same flags.' % hosts[1].split('=')[1].split(',')[0]], \
+      other.log()
+  assert 'Traceback' not in other.text and 'training from global step' not in other.text
+  assert chief.finish() == 0, chief.log()  # async: it trains alone, as it would anyway
+  assert helpers.global_step(tmp_path / 'train') == 50
