@@ -135,7 +135,7 @@ class WorkerSettings(typing.NamedTuple):
 
 
 def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
-          flag_values=None):
+          flag_values=None, flags_given=()):
   """Runs worker `task_index` until global step settings.max_steps; worker 0 is the chief.
 
   Args:
@@ -144,16 +144,17 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     worker: a WorkerSettings.
     stop: a signals.StopSignals, or None (tests): once requested, the loop ends after
       its step, the chief saves, and errors.Stopped is raised.
-    flag_values: dict, the command line's flags, for the chief's run record.
+    flag_values: dict, the command line's flags, for the chief's run record;
+      flags_given: the names of those set on the command line.
   """
   stop = stop or steps.NEVER
   data = trainer_settings.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
-    run = start(exit_stack, cluster, task_index, settings, worker, data.input)
+    run = start(exit_stack, cluster, task_index, settings, worker, data.input, stop)
     mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
             if worker.sync_replicas else worker_updates.AsyncUpdates(run))
-    record = (chief.record(run, settings, data, flag_values, sys.modules[__name__])
-              if run.is_chief else None)
+    record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
+                           flags_given) if run.is_chief else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
@@ -168,7 +169,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                                           mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
         with open_session(run, graph, settings, worker.startup_timeout_secs, stop) as sess:
-          loop(sess, run, mode, graph, settings, worker, stop, progress)
+          loop_checking_data(sess, run, mode, graph, settings, worker, stop, progress)
           run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                            '%s: closing the session hung after the last step (%d)'
                            % (run.who, progress.step))
@@ -195,20 +196,21 @@ WorkerRun = collections.namedtuple('WorkerRun', [
 ])
 
 
-def start(exit_stack, cluster, task_index, settings, worker, data_input):
+def start(exit_stack, cluster, task_index, settings, worker, data_input, stop):
   """Checks, the chief's lock and resume point, the data, the server; the ps tasks up.
 
-  The chief's lock on train_dir is held until exit_stack closes.
+  The chief's lock on train_dir is held until exit_stack closes. A signal during the
+  data's download stops it at once (signals.Interrupted).
   """
   who, is_chief = 'worker %d' % task_index, task_index == 0
   checkpoint, start_step = None, 0
   if is_chief:  # before anything is written: a second chief stops here
-    resumed = startup.start(exit_stack, settings, data_input, stop_when_done=False)
+    resumed = startup.start(exit_stack, settings, data_input, stop_when_done=False,
+                            stop=stop)
     checkpoint, start_step = resumed.checkpoint, resumed.start_step
   else:
     startup.check_precision(settings)  # the chief's startup.start() checks it too
-    if not settings.synthetic:
-      data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5)
+    startup.prepare_data(settings, data_input, stop)
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
   config = placement.session_config(num_cpu_devices, settings.session)
   # Only the ps tasks and this worker: no worker waits for another to start.
@@ -353,22 +355,39 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
+def loop_checking_data(sess, run, mode, graph, settings, worker, stop, progress):
+  """loop(); a data file changed under it (cut, relabelled) stops this worker in one
+  line naming the file, as multi_gpu_train.py, the chief after saving its step."""
+  data_input = trainer_settings.DATASETS[settings.dataset].input
+  check_files = not settings.synthetic and (
+      lambda: data_input.check_train_files(settings.data_dir))
+  with steps.stop_on_changed_data(check_files, lambda: save_after_error(sess, run, graph)):
+    loop(sess, run, mode, graph, settings, worker, stop, progress)
+
+
+def save_after_error(sess, run, graph):
+  """After a step that failed on this worker's data: the chief saves the global step
+  (unless its checkpoint is on disk); returns what it says."""
+  if not run.is_chief:
+    return 'This worker saves nothing (the chief does); rerun it once the file is whole.'
+  saves = chief.saves(graph)
+  sess.run_step_fn(lambda step_context: saves.end(step_context.session))
+  return 'Saved step %d; rerun to resume once the file is whole.' % saves.last_saved
+
+
 def loop(sess, run, mode, graph, settings, worker, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
   run_fetch = lambda fetch: sess.run_step_fn(lambda step_context: step_context.session.run(fetch))
-  if run.is_chief:
-    mode.wait_for_workers(graph.run_match, run_fetch, worker.startup_timeout_secs,
-                          lambda: stop.requested)
-  else:
-    graph.run_match.join(run_fetch, run.who, run.chief_host, worker.startup_timeout_secs)
+  join(run_fetch, run, mode, graph, worker, stop)
   step = run_fetch(graph.global_step)
   print('%s: training from global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
     print('%s: global step %d is not below --max_steps=%d: nothing to do. Raise '
           '--max_steps to train further.' % (run.who, step, max_steps))
   local_step, last_shown = 0, step
+  unlogged = None  # the latest step's line when the frequency skipped it: the run's last
   while step < max_steps and not sess.should_stop() and not stop.requested:
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
@@ -386,17 +405,31 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
     if not mode.applied(outcome):  # fp16, async: this worker's own step overflowed
       step = outcome.step_after
       continue
+    unlogged = (shown, loss_value, settings.batch_size * len(run.devices) / duration,
+                duration / len(run.devices),
+                ' [worker %d, local step %d]' % (run.task_index, local_step))
     if steps.crossed(last_shown, shown, log_frequency) or local_step == 1:
-      steps.print_loss_line(shown, loss_value, settings.batch_size * len(run.devices) / duration,
-                            duration / len(run.devices),
-                            ' [worker %d, local step %d]' % (run.task_index, local_step))
+      steps.print_loss_line(*unlogged)
+      unlogged = None
     step, last_shown = outcome.step_after, shown
+  if unlogged:  # every worker shows its last step, at --max_steps or stopped by a signal
+    steps.print_loss_line(*unlogged)
   # The hooks may have stopped the loop on an update another worker waited for.
   step = run_fetch(graph.global_step)
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
     mode.release_workers(sess)
+
+
+def join(run_fetch, run, mode, graph, worker, stop):
+  """Before the first step: a worker checks that it trains the chief's model and says it
+  has joined; the sync chief waits for the others to join (distributed/run_match.py)."""
+  if run.is_chief:
+    mode.wait_for_workers(graph.run_match, run_fetch, worker.startup_timeout_secs,
+                          lambda: stop.requested)
+  else:
+    graph.run_match.join(run_fetch, run.who, run.chief_host, worker.startup_timeout_secs)
 
 
 def run_step(sess, run, mode, graph, step_timeout_secs):
@@ -443,9 +476,10 @@ def main(argv, slurm_cluster=None):
     if cluster.job_name == 'ps':
       return ps_task.run_ps(spec, cluster.task_index, stop)
     worker = WorkerSettings(**{name: FLAGS[name].value for name in WorkerSettings._fields})
-    flag_values = {flag.name: flag.value
-                   for flag in FLAGS.get_key_flags_for_module(sys.argv[0])}
-    train(spec, cluster.task_index, settings, worker, stop=stop, flag_values=flag_values)
+    key_flags = FLAGS.get_key_flags_for_module(sys.argv[0])
+    train(spec, cluster.task_index, settings, worker, stop=stop,
+          flag_values={flag.name: flag.value for flag in key_flags},
+          flags_given=[flag.name for flag in key_flags if flag.present])
 
 
 def check_flags(flag_values):

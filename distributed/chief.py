@@ -5,14 +5,15 @@ from distributed import worker_sessions
 from training import checkpoints, run_record
 
 
-def record(run, settings, data, flag_values, program):
+def record(run, settings, data, flag_values, program, flags_given=()):
   """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster.
 
-  program: the module whose constants the record keeps (dist_train.py's).
+  program: the module whose constants the record keeps (dist_train.py's);
+  flags_given: the flags set on the command line (a constant they override says so).
   """
   described = run_record.describe(
       {'dist_train.py': run_record.constants_of(program)},
-      flag_values, settings, run.devices, run.start_step, data)
+      flag_values, settings, run.devices, run.start_step, data, flags_given)
   described['cluster'] = run.cluster.as_dict()
   return described
 
@@ -42,5 +43,11 @@ def untouched(run, graph):
 def saved_step(run, graph):
   """The chief's newest checkpoint's step, as its SaveCheckpoints hook knows it, or None
   (none yet, or not the chief)."""
-  saves = [h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)]
-  return saves[0].last_saved if run.is_chief and saves else None
+  found = saves(graph)
+  return found.last_saved if run.is_chief and found else None
+
+
+def saves(graph):
+  """The chief's SaveCheckpoints hook, or None (another worker)."""
+  return next((h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)),
+              None)

@@ -448,3 +448,28 @@ def test_chief_diverging_saves_no_non_finite_checkpoint_and_says_which_is_untouc
   for path in state.all_model_checkpoint_paths:
     for name, value in helpers.checkpoint(train_dir / path).items():
       assert np.isfinite(value).all(), (path, name)
+
+
+@pytest.mark.slow
+def test_chief_data_file_cut_mid_run_saves_then_stops_in_one_line(tasks, tmp_path):
+  # As multi_gpu_train.py's: the file cut as a copy in progress would leave it.
+  data = helpers.write_sample(tmp_path / 'data', 40)  # 200 training records: 25 steps an epoch
+  train_dir = tmp_path / 'train'
+  ports = local_cluster.free_ports(2)
+  hosts = ['--ps_hosts=127.0.0.1:%d' % ports[0], '--worker_hosts=127.0.0.1:%d' % ports[1]]
+  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
+                 *QUICK_FLAGS, *data.flags, '--train_dir=%s' % train_dir,
+                 '--summary_steps=0', '--save_every_n_steps=5', '--max_steps=100000'])
+  chief.wait_for(lambda line: (m := WORKER_LOSS_LINE.match(line)) and int(m.group(1)) >= 6,
+                 'the loss line of step 6')  # step 5 is saved
+  path = os.path.join(data.dir, 'cifar-10-batches-bin', 'data_batch_3.bin')
+  with open(path, 'r+b') as f:
+    f.truncate(os.path.getsize(path) - 1000)
+  assert chief.finish() == 1, chief.log()
+  errors = [line for line in chief.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and 'Traceback' not in chief.err, chief.log()
+  assert errors[0].startswith('error: a data file changed during the run: %s has 121920 '
+                              'bytes' % path), errors[0]
+  step = int(re.search(r'Saved step (\d+)', errors[0]).group(1))
+  assert helpers.global_step(train_dir) == step > 5, chief.log()

@@ -8,7 +8,9 @@ Each process is bounded in time and killed when its test ends, pass or fail.
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -188,3 +190,27 @@ def test_worker_built_from_other_model_constants_refused_in_one_line_chief_unhar
   assert 'Traceback' not in other.text and 'training from global step' not in other.text
   assert chief.finish() == 0, chief.log()  # async: it trains alone, as it would anyway
   assert helpers.global_step(tmp_path / 'train') == 50
+
+
+@pytest.mark.slow
+def test_worker_sigterm_during_download_stops_at_once_removing_the_partial_file(tasks,
+                                                                              tmp_path):
+  # As multi_gpu_train.py's: each worker downloads its own copy of the data.
+  data_dir = tmp_path / 'data'
+  sent = threading.Event()
+
+  def chunks():  # 10 MB announced, a byte every 0.5 s
+    for chunk in helpers.drip(0.5, 200)():
+      yield chunk
+      sent.set()
+  with helpers.serve_stream({'Content-Length': str(10 ** 7)}, chunks) as url:
+    worker = tasks(['dist_train.py', '--job_name=worker', '--task_index=1', *hand_started(2),
+                    '--data_dir=%s' % data_dir, '--data_url=%scifar-10-binary.tar.gz' % url])
+    helpers.wait_until(sent.is_set, 'the first byte sent', worker)
+    worker.send(signal.SIGTERM)
+    assert worker.finish(timeout=15) == 143, worker.log()
+  assert worker.out_lines[-1] == (
+      'Stopped by SIGTERM during the download of %scifar-10-binary.tar.gz; the partial file '
+      'is removed; nothing else was written.' % url), worker.log()
+  assert 'Traceback' not in worker.err, worker.log()
+  assert os.listdir(tmp_path) == []

@@ -29,11 +29,13 @@ import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, STEADY_FLAGS,
                      TASK_PREFIX, WORKER_LOSS_LINE, local_cluster_task, matches,
                      run_local_cluster)
-from distributed import local_cluster, ps_placement
+import dist_train
+from distributed import chief, local_cluster, ps_placement
 import cifar10
 import mnist
 import multi_gpu_train
-from training import updates
+from training import run_record, updates
+from training import settings as trainer_settings
 from training.settings import Settings
 
 
@@ -191,9 +193,23 @@ def test_sync_loss_lines_name_the_global_step_first_then_every_log_frequency(syn
     [first] = [int(m.group(2)) for m in matches(helpers.TRAINING_FROM, logs[worker])]
     steps = helpers.steps(WORKER_LOSS_LINE, logs[worker])
     assert steps[0] == first + 1, (worker, first, steps)
+    shown = steps[1:]
+    if len(shown) > 1 and shown[-1] // 10 == shown[-2] // 10:
+      shown = shown[:-1]  # its last step's line, which the frequency skipped
     decades = list(range((first + 1) // 10 + 1, MAX_STEPS // 10 + 1))  # past steps[0]'s
-    assert [s // 10 for s in steps[1:]] == decades[:len(steps) - 1], (worker, steps)
+    assert [s // 10 for s in shown] == decades[:len(shown)], (worker, steps)
     assert all(s <= MAX_STEPS for s in steps[1:]), (worker, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('two_workers')
+def test_sync_each_workers_last_loss_line_is_its_last_step_though_off_the_frequency(
+    sync_run):
+  logs = helpers.by_task(sync_run[1])
+  for worker in ('worker0', 'worker1'):
+    [done] = matches(DONE_LINE, logs[worker])
+    last = matches(WORKER_LOSS_LINE, logs[worker])[-1]
+    assert last.group(3) == done.group(2), (worker, last.group(0), done.group(0))
 
 
 @pytest.mark.slow
@@ -439,3 +455,21 @@ def test_moving_averages_computed_on_the_ps_task_of_their_variable():
   assert len(assign_subs) == 10  # one per variable, on its average's task
   assert {op.device for op in assign_subs} == variables
   assert all(op.device == op.inputs[0].op.device for op in assign_subs)
+
+
+def test_chief_run_record_says_a_constant_is_overridden_by_the_flag_given(tmp_path,
+                                                                         monkeypatch):
+  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given.
+  cluster = tf.compat.v1.train.ClusterSpec({'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']})
+  run = dist_train.WorkerRun('worker 0', cluster, 0, True, 1, ['127.0.0.1:1'], '127.0.0.1:2',
+                             None, None, ['/cpu:0'], '', None, 0, None)
+  settings = Settings(str(tmp_path), '', synthetic=True, batch_size=32)
+
+  def record():
+    return chief.record(run, settings, trainer_settings.DATASETS['cifar10'],
+                        {'batch_size': 32}, dist_train, ['batch_size'])
+  run_record.write_run_record(str(tmp_path), record())
+  monkeypatch.setattr(dist_train, 'BATCH_SIZE', 16)
+  changed = run_record.changes_since(str(tmp_path), record())
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (dist_train.py), overridden by '
+                          '--batch_size=32'), changed

@@ -53,15 +53,22 @@ def start(exit_stack, settings, data_input, stop_when_done=True, stop=None):
   if start_step >= settings.max_steps and stop_when_done:
     print(nothing_to_do(checkpoint, start_step, settings.max_steps))
     return None
+  prepare_data(settings, data_input, stop)
+  if not locked:
+    directory.make_train_dir(train_dir)
+    exit_stack.enter_context(directory.lock_train_dir(train_dir))
+  return TrainRun(train_dir, checkpoint, start_step)
+
+
+def prepare_data(settings, data_input, stop=None):
+  """The data set downloaded if missing, and checked, within --download_timeout_secs
+  and --download_stall_secs; nothing with --synthetic. stop (a StopSignals, or None):
+  a Ctrl-C or SIGTERM meanwhile stops the download at once (signals.Interrupted)."""
   if not settings.synthetic:
     with stop.raising() if stop else contextlib.nullcontext():
       data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5,
                          input_lib.Deadlines(settings.download_timeout_secs,
                                              settings.download_stall_secs))
-  if not locked:
-    directory.make_train_dir(train_dir)
-    exit_stack.enter_context(directory.lock_train_dir(train_dir))
-  return TrainRun(train_dir, checkpoint, start_step)
 
 
 def check_precision(settings):
