@@ -85,8 +85,6 @@ DATASET_DEFAULTS = {  # what --dataset gives the flags not set on the command li
 # ---- Cluster knobs ------------------------------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
 STEP_TIMEOUT_SECS = 300      # one step may take this long (sync: waiting for the update too)
-QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
-                             # that never come; closing the session, after this, ends it
 CLOSE_TIMEOUT_SECS = 30      # closing the session at the end may take this long
 EVAL_INTERVAL_SECS = 60      # TF_CONFIG's evaluator looks for a new checkpoint this often
 
@@ -168,7 +166,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
                                           mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
-        with open_session(run, graph, settings, worker.startup_timeout_secs, stop) as sess:
+        with worker_sessions.open_session(run, graph, settings, worker.startup_timeout_secs,
+                                          stop) as sess:
           loop_checking_data(sess, run, mode, graph, settings, worker, stop, progress)
           run.arm_watchdog(CLOSE_TIMEOUT_SECS + worker_sessions.WATCHDOG_SLACK_SECS,
                            '%s: closing the session hung after the last step (%d)'
@@ -250,7 +249,8 @@ def build(run, mode, settings, worker, data, epoch, record):
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
-      next_batch = worker_batches(data, settings)
+      next_batch = inputs.worker_batches(data.input, settings.data_dir, settings.batch_size,
+                                         settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     match = run_match.RunMatch(run_match.describe(settings, worker, data), run.num_workers,
                                run.task_index)
@@ -288,23 +288,6 @@ def build(run, mode, settings, worker, data, epoch, record):
                     match, decay_steps, examples_per_update)
 
 
-def worker_batches(data, settings):
-  """The worker's input: a function that returns its next batch's tensors.
-
-  Without tf.data's autotuning thread. Closing a session on a cluster deletes the
-  worker's graphs, and with them the iterator, whose deletion waits out that
-  thread's pause between tunings, which grows to a minute: workers and chiefs
-  stopped together hung there for 10-30 s after their last step, past the ps
-  tasks' stay (3 jobs of 5). Without it, AUTOTUNE parallel calls keep their
-  starting value (the CPUs, at most 16) and prefetch still sizes its buffer.
-  """
-  options = tf.data.Options()
-  options.autotune.enabled = False
-  dataset = inputs.train_dataset(data.input, settings.data_dir, settings.batch_size,
-                                 settings.synthetic).with_options(options)
-  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
-
-
 def print_start(run, mode, graph, settings, model, epoch):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   batch_size, num_towers = settings.batch_size, len(run.devices)
@@ -325,54 +308,15 @@ def print_start(run, mode, graph, settings, model, epoch):
   sys.stdout.flush()
 
 
-def open_session(run, graph, settings, startup_timeout_secs, stop):
-  """MonitoredSession: the chief initialises or restores, saves and summarises.
-
-  What MonitoredTrainingSession builds, with session creators that say what
-  happened and wait for the ps tasks when a session must be reopened (unless a
-  stop was asked for: then they raise errors.PeerGone at once).
-  """
-  secs = startup_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
-  run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
-                   'Check that they are running and reachable, or raise '
-                   '--startup_timeout_secs.' % (run.who, ','.join(run.ps_hosts), secs))
-  if run.is_chief:
-    # fp16: also a float32 run's checkpoint; built before MonitoredSession finalizes the graph
-    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
-                    if settings.use_fp16 else None)
-    creator = worker_sessions.ChiefSessions(
-        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, settings.train_dir,
-        restore_fp16, lambda: stop.requested,
-        scaffold=graph.scaffold, master=run.server.target, config=run.config,
-        # The checkpoint start() found and read whole, not the state file's latest.
-        checkpoint_filename_with_path=run.checkpoint)
-  else:
-    creator = worker_sessions.WorkerSessions(
-        run.who, run.ps_hosts, run.chief_host, startup_timeout_secs, run.arm_watchdog,
-        graph.scaffold, run.server.target, run.config, lambda: stop.requested)
-  return tf.compat.v1.train.MonitoredSession(
-      session_creator=creator, hooks=graph.hooks,
-      stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
-
-
 def loop_checking_data(sess, run, mode, graph, settings, worker, stop, progress):
   """loop(); a data file changed under it (cut, relabelled) stops this worker in one
   line naming the file, as multi_gpu_train.py, the chief after saving its step."""
   data_input = trainer_settings.DATASETS[settings.dataset].input
   check_files = not settings.synthetic and (
       lambda: data_input.check_train_files(settings.data_dir))
-  with steps.stop_on_changed_data(check_files, lambda: save_after_error(sess, run, graph)):
+  with steps.stop_on_changed_data(check_files,
+                                  lambda: chief.save_after_error(sess, run, graph)):
     loop(sess, run, mode, graph, settings, worker, stop, progress)
-
-
-def save_after_error(sess, run, graph):
-  """After a step that failed on this worker's data: the chief saves the global step
-  (unless its checkpoint is on disk); returns what it says."""
-  if not run.is_chief:
-    return 'This worker saves nothing (the chief does); rerun it once the file is whole.'
-  saves = chief.saves(graph)
-  sess.run_step_fn(lambda step_context: saves.end(step_context.session))
-  return 'Saved step %d; rerun to resume once the file is whole.' % saves.last_saved
 
 
 def loop(sess, run, mode, graph, settings, worker, stop, progress):
@@ -380,7 +324,8 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = trainer_settings.DATASETS[settings.dataset].model.__name__
   run_fetch = lambda fetch: sess.run_step_fn(lambda step_context: step_context.session.run(fetch))
-  join(run_fetch, run, mode, graph, worker, stop)
+  graph.run_match.before_first_step(run_fetch, run, mode, worker.startup_timeout_secs,
+                                    lambda: stop.requested)
   step = run_fetch(graph.global_step)
   print('%s: training from global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
@@ -420,16 +365,6 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
     mode.release_workers(sess)
-
-
-def join(run_fetch, run, mode, graph, worker, stop):
-  """Before the first step: a worker checks that it trains the chief's model and says it
-  has joined; the sync chief waits for the others to join (distributed/run_match.py)."""
-  if run.is_chief:
-    mode.wait_for_workers(graph.run_match, run_fetch, worker.startup_timeout_secs,
-                          lambda: stop.requested)
-  else:
-    graph.run_match.join(run_fetch, run.who, run.chief_host, worker.startup_timeout_secs)
 
 
 def run_step(sess, run, mode, graph, step_timeout_secs):

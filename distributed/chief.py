@@ -51,3 +51,13 @@ def saves(graph):
   """The chief's SaveCheckpoints hook, or None (another worker)."""
   return next((h for h in graph.hooks if isinstance(h, worker_sessions.SaveCheckpoints)),
               None)
+
+
+def save_after_error(sess, run, graph):
+  """After a step that failed on this worker's data (steps.stop_on_changed_data): the
+  chief saves the global step, unless its checkpoint is on disk; returns what it says."""
+  if not run.is_chief:
+    return 'This worker saves nothing (the chief does); rerun it once the file is whole.'
+  found = saves(graph)
+  sess.run_step_fn(lambda step_context: found.end(step_context.session))
+  return 'Saved step %d; rerun to resume once the file is whole.' % found.last_saved

@@ -68,7 +68,7 @@ QUIET_LINES = (
 )
 FINAL_LINE = re.compile(
     r'^(worker \d+: closing the session |worker \d+ done: |Stopped by |Saved checkpoint |error: |'
-    r'ps task \d+[: ])')
+    r'ps task \d+[: ]|[\d-]+ [\d:.]+: step \d+, loss = )')  # a worker's last loss line too
 # Without an NVIDIA device on this machine, every task says it found no CUDA driver.
 NO_GPU_LINES = (
     r'^I\d{4} [\d:.]+ +\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers on your '

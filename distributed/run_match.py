@@ -68,6 +68,17 @@ class RunMatch:
     return tf.cond(tf.compat.v1.is_variable_initialized(self._joined),
                    lambda: tf.constant(True), clear)
 
+  def before_first_step(self, run_fetch, run, mode, timeout_secs, should_stop):
+    """A worker checks that it trains the chief's model and joins; the sync chief
+    waits for the others to join (mode.wait_for_workers).
+
+    run: dist_train.py's WorkerRun; mode: its AsyncUpdates or SyncUpdates.
+    """
+    if run.is_chief:
+      mode.wait_for_workers(self, run_fetch, timeout_secs, should_stop)
+    else:
+      self.join(run_fetch, run.who, run.chief_host, timeout_secs)
+
   def join(self, run_fetch, who, chief_host, timeout_secs):
     """A non-chief, before its first step: compares, then sets its flag.
 

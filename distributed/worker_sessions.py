@@ -4,6 +4,7 @@ dist_train.py's workers open their sessions through these:
 
     wait_for_ps(ps_hosts, secs, who)   # the ps ports answer, or PeerGone
     arm = start_watchdog()             # exits 138 when a wait inside TensorFlow hangs
+    open_session(run, graph, ...)      # the MonitoredSession, through one of these:
     ChiefSessions(...), WorkerSessions(...)  # MonitoredSession's session creators
     SaveCheckpoints(...), WriteSummaries(...)  # the chief's hooks: training/'s files
 
@@ -30,6 +31,8 @@ STOPPED_WORKER_SECS = 22     # a stopped non-chief still running this long after
                              # exits (inside the 30 s before Slurm's or Kubernetes' SIGKILL)
 END_SAVE_TRIES = 5           # the chief's last save, again while other workers move the step
 STOP_CHECK_SECS = 2          # a worker awaiting the chief looks for a stop this often
+QUEUE_RUNNER_STOP_SECS = 2   # sync chief: its queue runner waits in take_grad for gradients
+                             # that never come; closing the session, after this, ends it
 # What a step, the session's close or its reopening raise once the ps tasks are gone.
 PS_GONE_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                   tf.errors.CancelledError, errors.PeerGone)
@@ -64,6 +67,37 @@ def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
           'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
           '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
     time.sleep(0.5)
+
+
+def open_session(run, graph, settings, startup_timeout_secs, stop):
+  """dist_train.py's MonitoredSession: the chief initialises or restores, saves and
+  summarises.
+
+  What MonitoredTrainingSession builds, with session creators that say what
+  happened and wait for the ps tasks when a session must be reopened (unless a
+  stop was asked for: then they raise errors.PeerGone at once).
+  """
+  secs = startup_timeout_secs + WATCHDOG_SLACK_SECS
+  run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
+                   'Check that they are running and reachable, or raise '
+                   '--startup_timeout_secs.' % (run.who, ','.join(run.ps_hosts), secs))
+  if run.is_chief:
+    # fp16: also a float32 run's checkpoint; built before MonitoredSession finalizes the graph
+    restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
+                    if settings.use_fp16 else None)
+    creator = ChiefSessions(
+        run.who, run.ps_hosts, startup_timeout_secs, run.arm_watchdog, settings.train_dir,
+        restore_fp16, lambda: stop.requested,
+        scaffold=graph.scaffold, master=run.server.target, config=run.config,
+        # The checkpoint start() found and read whole, not the state file's latest.
+        checkpoint_filename_with_path=run.checkpoint)
+  else:
+    creator = WorkerSessions(
+        run.who, run.ps_hosts, run.chief_host, startup_timeout_secs, run.arm_watchdog,
+        graph.scaffold, run.server.target, run.config, lambda: stop.requested)
+  return tf.compat.v1.train.MonitoredSession(
+      session_creator=creator, hooks=graph.hooks,
+      stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
 
 
 class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):

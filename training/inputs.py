@@ -66,3 +66,19 @@ def train_dataset(data_input, data_dir, batch_size, synthetic):
   if synthetic:
     return data_input.synthetic_dataset(batch_size)
   return data_input.train_dataset(data_dir, batch_size)
+
+
+def worker_batches(data_input, data_dir, batch_size, synthetic):
+  """dist_train.py's input: a function that returns a worker's next batch's tensors.
+
+  Without tf.data's autotuning thread. Closing a session on a cluster deletes the
+  worker's graphs, and with them the iterator, whose deletion waits out that
+  thread's pause between tunings, which grows to a minute: workers and chiefs
+  stopped together hung there for 10-30 s after their last step, past the ps
+  tasks' stay (3 jobs of 5). Without it, AUTOTUNE parallel calls keep their
+  starting value (the CPUs, at most 16) and prefetch still sizes its buffer.
+  """
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  dataset = train_dataset(data_input, data_dir, batch_size, synthetic).with_options(options)
+  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
