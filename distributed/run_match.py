@@ -18,6 +18,7 @@ import time
 
 import tensorflow as tf
 
+from distributed import worker_sessions
 from training import errors, mixed_precision, run_record
 
 # The flags that change what an update computes. Not --num_gpus (machines differ) nor
@@ -74,6 +75,10 @@ class RunMatch:
 
     run: dist_train.py's WorkerRun; mode: its AsyncUpdates or SyncUpdates.
     """
+    # A wait of its own: the session's opening may have used most of its deadline.
+    run.arm_watchdog(timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
+                     '%s: reading what the chief trains, on the ps tasks %s, hung' % (
+                         run.who, ','.join(run.ps_hosts)))
     if run.is_chief:
       mode.wait_for_workers(self, run_fetch, timeout_secs, should_stop)
     else:
