@@ -249,28 +249,42 @@ def _shown(paths, found):
   return ', '.join(names[:SHOWN_ENTRIES]) + more
 
 
-def newest_checkpoint(train_dir, data):
+def newest_checkpoint(train_dir, data, went_away=None):
   """The checkpoint the evaluation would score, its global step, and {name: shape} of
-  what it holds.
+  what it holds. One that a running trainer rotates away while it is read (not
+  went_away, which already did) is said, and the newest read instead.
 
   Raises:
     ExportError: no checkpoint, or one that cannot be read.
   """
-  try:
-    path = evaluation.latest_checkpoint(train_dir)
-  except evaluation.EvalError as e:
-    raise ExportError(str(e)) from None
-  if path is None:
-    raise ExportError('no checkpoint in %s: nothing to export. Train first (%s '
-                      '--train_dir=%s), or point --train_dir at the trainer\'s --train_dir.'
-                      % (train_dir, data.trainer, train_dir))
-  try:
-    reader = tf.train.load_checkpoint(path)
-    found = reader.get_variable_to_shape_map()
-    step = int(reader.get_tensor('global_step'))
-  except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
-    raise ExportError('cannot read checkpoint %s: %s' % (path, checkpoints.restore_error(e)))
-  return path, step, found
+  while True:
+    try:
+      path = evaluation.latest_checkpoint(train_dir)
+    except evaluation.EvalError as e:
+      raise ExportError(str(e)) from None
+    if path is None:
+      raise ExportError('no checkpoint in %s: nothing to export. Train first (%s '
+                        '--train_dir=%s), or point --train_dir at the trainer\'s --train_dir.'
+                        % (train_dir, data.trainer, train_dir))
+    try:
+      reader = tf.train.load_checkpoint(path)
+      found = reader.get_variable_to_shape_map()
+      return path, int(reader.get_tensor('global_step')), found
+    except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
+      if not rotated_away(path, went_away):
+        raise ExportError('cannot read checkpoint %s: %s' % (
+            path, checkpoints.restore_error(e))) from None
+      went_away = path
+
+
+def rotated_away(path, went_away):
+  """Whether the checkpoint at path, which failed to read, has gone since it was found
+  (said here); False for one that went away before (a state file nobody updates)."""
+  if os.path.exists(path + '.index') or path == went_away:
+    return False
+  print('%s went away while being read (a trainer rotates its checkpoints); trying the '
+        'newest.' % path, flush=True)
+  return True
 
 
 def check_holds_network(path, data, to_restore, found):
@@ -461,22 +475,27 @@ def export(train_dir, export_dir, dataset, overwrite=False):
   """
   data = DATASETS[dataset]
   replaced = check_export_dir(export_dir, overwrite)
-  path, step, found = newest_checkpoint(train_dir, data)
-  with tf.Graph().as_default():
-    signature = build(data)
-    to_restore = variables_to_restore(data.model)
-    check_holds_network(path, data, to_restore, found)
-    saver = tf.compat.v1.train.Saver(to_restore)
-    with tf.compat.v1.Session() as sess:
-      try:
-        saver.restore(sess, path)
-      except (tf.errors.OpError, ValueError) as e:
-        raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
-      write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
-            {'written_by': 'export_model.py', 'dataset': dataset,
-             'checkpoint': os.path.abspath(path),
-             'global_step': step})
-  return path, step
+  went_away = None
+  while True:
+    path, step, found = newest_checkpoint(train_dir, data, went_away)
+    with tf.Graph().as_default():
+      signature = build(data)
+      to_restore = variables_to_restore(data.model)
+      check_holds_network(path, data, to_restore, found)
+      saver = tf.compat.v1.train.Saver(to_restore)
+      with tf.compat.v1.Session() as sess:
+        try:
+          saver.restore(sess, path)
+        except (tf.errors.OpError, ValueError) as e:
+          if rotated_away(path, went_away):
+            went_away = path
+            continue
+          raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
+        write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
+              {'written_by': 'export_model.py', 'dataset': dataset,
+               'checkpoint': os.path.abspath(path),
+               'global_step': step})
+    return path, step
 
 
 def main(argv):

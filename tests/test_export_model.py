@@ -321,6 +321,32 @@ def test_export_empty_export_dir_refused_in_one_line(tmp_path):
   assert 'Traceback' not in done.err and done.out == '', done.log()
 
 
+@pytest.mark.xdist_group('export')
+def test_export_checkpoint_rotated_away_before_its_restore_exports_the_newest(exported,
+                                                                             tmp_path,
+                                                                             monkeypatch,
+                                                                             capsys):
+  train_dir = tmp_path / 'train'
+  shutil.copytree(exported.train_dir, train_dir)
+  newest, found = export_model.newest_checkpoint, []
+
+  def newest_then_rotated(*args):
+    """Finds model.ckpt-20; before it is restored, the trainer saves 21 and deletes 20."""
+    found.append(newest(*args))
+    if len(found) == 1:
+      for name in train_dir.glob('model.ckpt-20.*'):
+        name.rename(str(name).replace('ckpt-20', 'ckpt-21'))
+      (train_dir / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-21"\n')
+    return found[-1]
+  monkeypatch.setattr(export_model, 'newest_checkpoint', newest_then_rotated)
+  path, step = export_model.export(str(train_dir), str(tmp_path / 'model'), 'cifar10')
+  assert [os.path.basename(f[0]) for f in found] == ['model.ckpt-20', 'model.ckpt-21']
+  assert (path, step) == (str(train_dir / 'model.ckpt-21'), 20)  # it holds step 20's
+  assert ('%s/model.ckpt-20 went away while being read (a trainer rotates its checkpoints); '
+          'trying the newest.' % train_dir) in capsys.readouterr().out.splitlines()
+  assert os.path.exists(tmp_path / 'model' / 'saved_model.pb')
+
+
 def test_export_without_checkpoint_exits_1_with_one_line_and_writes_nothing(tmp_path):
   (tmp_path / 'train').mkdir()
   export_dir = tmp_path / 'exports' / 'model'  # its parent is missing too
