@@ -685,7 +685,7 @@ def main(argv=None):
 
 
 
-# The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).
+# The names every data set's input module gives the trainers (data_sets.DATASETS).
 prepare = maybe_download_and_extract
 train_dataset = distorted_dataset
 

@@ -479,7 +479,7 @@ def check_train_files(data_dir):
   check_records(os.path.join(data_dir, TRAIN_FILE))
 
 
-# The names every data set's input module gives the trainers (multi_gpu_train.DATASETS).
+# The names every data set's input module gives the trainers (data_sets.DATASETS).
 prepare = maybe_download_and_convert
 
 

@@ -33,6 +33,7 @@ from absl import flags
 import tensorflow as tf
 
 import cifar10
+import data_sets
 from training import (async_towers, checkpoints, directory, errors, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps)
 from training import settings as trainer_settings
@@ -235,7 +236,7 @@ def train(settings, stop=None, flag_values=None, flags_given=()):
     flag_values: dict, the command line's flags, for the run record;
     flags_given: the names of those set on the command line.
   """
-  data = trainer_settings.DATASETS[settings.dataset]
+  data = data_sets.DATASETS[settings.dataset]
   with contextlib.ExitStack() as exit_stack:  # holds the lock on train_dir
     run = startup.start(exit_stack, settings, data.input, stop=stop)
     devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)

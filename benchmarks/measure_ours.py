@@ -13,8 +13,8 @@ import tensorflow as tf
 import multi_gpu_train
 from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
                     weight_stats)
+import data_sets
 from training import inputs, placement
-from training import settings as trainer_settings
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -32,14 +32,14 @@ def build_trainer(config):
   inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
   pipeline's own prefetch; 0: none), summaries (build the summary op), seed
   (optional; real input through the trainer's --seed pipeline), dataset (optional:
-  a key of trainer_settings.DATASETS; default cifar10), use_fp16, use_bf16 (optional:
+  a key of data_sets.DATASETS; default cifar10), use_fp16, use_bf16 (optional:
   the trainer's --use_fp16 or --use_bf16 graph).
 
   Returns:
     a Trainer.
   """
   batch_size = config['batch_size']
-  data = trainer_settings.DATASETS[config.get('dataset', 'cifar10')]
+  data = data_sets.DATASETS[config.get('dataset', 'cifar10')]
   devices, num_cpu_devices, where = placement.tower_devices(config['towers'])
   if config.get('seed') is not None:
     next_batch, input_init = inputs.input_pipeline(

@@ -3,8 +3,8 @@ import os
 
 from absl import flags
 
+import data_sets
 from training import evaluation, signals
-from training import settings as trainer_settings
 
 
 def define_flags(eval_interval_secs):
@@ -24,7 +24,7 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
   eval_dir: None for --train_dir/eval.
   """
   signals.release_held()  # held while TensorFlow loaded; no step loop takes them here
-  data = trainer_settings.DATASETS[settings.dataset]
+  data = data_sets.DATASETS[settings.dataset]
   eval_dir = eval_dir or os.path.join(settings.train_dir, 'eval')
   print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '
         'event files in %s' % (settings.train_dir, eval_interval_secs, settings.max_steps,

@@ -26,8 +26,9 @@ import sys
 import threading
 import time
 
+import data_sets
 from distributed import cluster_env
-from training import errors, memory_check, signals
+from training import errors, memory_check, signals, startup
 from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -424,9 +425,9 @@ def main(flag_values):
       raise ValueError(too_many)
   except ValueError as e:
     raise errors.TrainingError(str(e)) from None
-  if not flag_values.synthetic:  # once, here, rather than racing in every worker
-    data_input = trainer_settings.DATASETS[flag_values.dataset].input
-    data_input.prepare(flag_values.data_dir, flag_values.data_url, flag_values.data_md5)
+  # The data once, here, rather than racing in every worker; a signal stops its download.
+  startup.prepare_data(trainer_settings.settings_from_flags(flag_values),
+                       data_sets.DATASETS[flag_values.dataset].input, signals.StopSignals())
   # Every flag given on this command line goes to every task.
   task_flags = [flag_values[name].serialize() for name in flag_values
                 if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]

@@ -29,13 +29,13 @@ import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, STEADY_FLAGS,
                      TASK_PREFIX, WORKER_LOSS_LINE, local_cluster_task, matches,
                      run_local_cluster)
+import data_sets
 import dist_train
 from distributed import chief, local_cluster, ps_placement
 import cifar10
 import mnist
 import multi_gpu_train
 from training import run_record, updates
-from training import settings as trainer_settings
 from training.settings import Settings
 
 
@@ -459,17 +459,19 @@ def test_moving_averages_computed_on_the_ps_task_of_their_variable():
 
 def test_chief_run_record_says_a_constant_is_overridden_by_the_flag_given(tmp_path,
                                                                          monkeypatch):
-  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given.
+  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given; the
+  # knob is multi_gpu_train.py's, which dist_train.py takes.
   cluster = tf.compat.v1.train.ClusterSpec({'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']})
   run = dist_train.WorkerRun('worker 0', cluster, 0, True, 1, ['127.0.0.1:1'], '127.0.0.1:2',
                              None, None, ['/cpu:0'], '', None, 0, None)
   settings = Settings(str(tmp_path), '', synthetic=True, batch_size=32)
 
   def record():
-    return chief.record(run, settings, trainer_settings.DATASETS['cifar10'],
-                        {'batch_size': 32}, dist_train, ['batch_size'])
+    return chief.record(run, settings, data_sets.DATASETS['cifar10'], {'batch_size': 32},
+                        {'dist_train.py': dist_train, 'multi_gpu_train.py': multi_gpu_train},
+                        ['batch_size'])
   run_record.write_run_record(str(tmp_path), record())
-  monkeypatch.setattr(dist_train, 'BATCH_SIZE', 16)
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 16)
   changed = run_record.changes_since(str(tmp_path), record())
-  assert changed.endswith(': BATCH_SIZE 128 -> 16 (dist_train.py), overridden by '
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by '
                           '--batch_size=32'), changed

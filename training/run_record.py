@@ -58,7 +58,7 @@ def describe(program_constants, flag_values, settings, devices, start_step, data
   Args:
     program_constants: {'multi_gpu_train.py': constants_of(its module)}, the caller's.
     flag_values: dict, the command line's flags; settings: a settings.Settings;
-    devices: the towers' devices; data: the settings.DataSet.
+    devices: the towers' devices; data: the data_sets.DataSet.
     flags_given: names of the flags set on the command line: where one takes its
       default from a constant (--batch_size, BATCH_SIZE), the flag won.
   """

@@ -1,31 +1,18 @@
-"""One run's settings: the data sets, the trainers' shared flags, their checks.
+"""One run's settings: the trainers' shared flags, their checks (the data sets they
+name: data_sets.py, at the top).
 
 Both trainers define these flags (define_trainer_flags) with their own defaults,
 the constants at the top of each program, and read them back as a Settings
 (settings_from_flags) in main(); everything below main() takes plain arguments.
 """
-import collections
 import sys
 import typing
 
 from absl import flags
 
-import cifar10
-import cifar10_input
-import mnist
-import mnist_input
 from training import input_lib
 from training import onednn
 from training import placement
-
-# ---- The data sets: a model package and an input module each --------------------
-# The model package gives inference(images), loss(logits, labels) and the
-# constants build() reads; the input module gives prepare, train_records,
-# train_dataset, seeded_dataset, synthetic_dataset, eval_dataset and
-# check_train_files (a file changed under a running trainer: steps.stop_on_changed_data). A third
-# data set is one more package and one more line here.
-DataSet = collections.namedtuple('DataSet', ['model', 'input'])
-DATASETS = {'cifar10': DataSet(cifar10, cifar10_input), 'mnist': DataSet(mnist, mnist_input)}
 
 # Ranges: what TensorFlow can hold, and what a machine can run.
 MAX_TOWERS = 64            # --num_gpus; beyond the GPUs seen, each tower is a CPU device
@@ -41,7 +28,7 @@ class Settings(typing.NamedTuple):
   num_gpus: int = 1
   batch_size: int = 128                         # images per tower
   max_steps: int = 1000000                      # the global step to stop at
-  dataset: str = 'cifar10'                      # a key of DATASETS
+  dataset: str = 'cifar10'                      # a key of data_sets.DATASETS
   log_frequency: int = 10
   summary_steps: int = 100                      # 0: no summaries
   save_every_n_steps: int = 1000
@@ -69,8 +56,9 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
   """
   def per_dataset(name):
     return ', '.join('%s for %s' % (d[name], key) for key, d in dataset_defaults.items())
-  flags.DEFINE_enum('dataset', 'cifar10', list(DATASETS), 'The data set and its model; the '
-                    'flags below not given take its defaults.', flag_values=flag_values)
+  flags.DEFINE_enum('dataset', 'cifar10', list(dataset_defaults), 'The data set and its '
+                    'model; the flags below not given take its defaults.',
+                    flag_values=flag_values)
   flags.DEFINE_integer('num_gpus', num_gpus, 'Number of towers (GPUs) to use.',
                        flag_values=flag_values)
   flags.DEFINE_integer('batch_size', None, 'Images per tower per step (default: %s).'
@@ -175,9 +163,6 @@ def check_trainer_flags(flag_values, also_positive=()):
                'download_stall_secs') + tuple(also_positive):
     if fv[name].value < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, fv[name].value))
-  if fv.data_md5 and not hasattr(DATASETS[fv.dataset].input, 'DATA_MD5'):
-    sys.exit('error: --data_md5 names a copy of the CIFAR-10 archive; --dataset=%s reads '
-             'files with their own published md5s. Drop --data_md5.' % fv.dataset)
   if fv.seed is not None and not 0 <= fv.seed <= MAX_INT64:
     sys.exit('error: --seed must be 0 .. %d (an int64), got %d' % (MAX_INT64, fv.seed))
   for name, most, why in (('num_gpus', MAX_TOWERS, 'towers: one per GPU, or per virtual '
