@@ -381,13 +381,14 @@ def parse_spec(value):
   return num_ps, num_workers
 
 
-def run(num_ps, num_workers, task_flags, exposure_warning):
+def run(num_ps, num_workers, task_flags, exposure_warning, stop=None):
   """Starts the cluster in a private network where possible; returns the exit code.
 
   Args:
     num_ps, num_workers: ints >= 1.
     task_flags: list of '--flag=value' strings every task gets.
     exposure_warning: the line to print when the tasks' ports cannot be private.
+    stop: the launcher's signals.StopSignals, or None for one of its own.
   """
   why_not = enter_private_network()
   if why_not:
@@ -398,7 +399,7 @@ def run(num_ps, num_workers, task_flags, exposure_warning):
     print('local cluster: the tasks run in a private network namespace whose only '
           'interface is loopback: nothing outside it, on this machine or another, can '
           'reach their ports.', flush=True)
-  stop = signals.StopSignals()
+  stop = stop or signals.StopSignals()
   try:
     return launch_local_cluster(num_ps, num_workers, task_flags, stop)
   except KeyboardInterrupt:  # a second signal
@@ -426,10 +427,11 @@ def main(flag_values):
   except ValueError as e:
     raise errors.TrainingError(str(e)) from None
   # The data once, here, rather than racing in every worker; a signal stops its download.
+  stop = signals.StopSignals()
   startup.prepare_data(trainer_settings.settings_from_flags(flag_values),
-                       data_sets.DATASETS[flag_values.dataset].input, signals.StopSignals())
+                       data_sets.DATASETS[flag_values.dataset].input, stop)
   # Every flag given on this command line goes to every task.
   task_flags = [flag_values[name].serialize() for name in flag_values
                 if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]
   return run(num_ps, num_workers, list(dict.fromkeys(task_flags)),
-             cluster_env.SECURITY_WARNING % 'the ports listed below')
+             cluster_env.SECURITY_WARNING % 'the ports listed below', stop)
