@@ -57,17 +57,31 @@ import tensorflow as tf
 import data_sets
 from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, run_match,
                          task_cluster, worker_end, worker_sessions, worker_updates)
-import multi_gpu_train  # its training knobs, below
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from multi_gpu_train import (DATASET_DEFAULTS, KEEP_CHECKPOINTS, LOG_FREQUENCY, NUM_GPUS,
-                             SAVE_EVERY_N_STEPS, SUMMARY_STEPS)
 from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
-# ---- Training knobs: multi_gpu_train.py's, one copy: edit them there (BATCH_SIZE, MAX_STEPS,
-# the directories, ...). Per worker, a step sees BATCH_SIZE * num_gpus images; MAX_STEPS,
-# the loss lines, saves and summaries count global steps, all workers' together.
+# ---- Training knobs, per worker: edit, save, rerun --------------------------------
+BATCH_SIZE = 128                  # images per tower; one worker step sees BATCH_SIZE * num_gpus
+NUM_GPUS = 1                      # towers per worker; each gets /gpu:i, or /cpu:i without GPUs
+MAX_STEPS = 1000000               # global step to stop at: updates applied, all workers
+LOG_FREQUENCY = 10                # global steps between a worker's loss lines
+SAVE_EVERY_N_STEPS = 1000         # global steps between the chief's checkpoints
+SUMMARY_STEPS = 100               # global steps between the chief's summaries; 0: none
+KEEP_CHECKPOINTS = 5              # older checkpoints are deleted as new ones land
+TRAIN_DIR = '/tmp/cifar10_train'  # the chief's checkpoints and event files
+DATA_DIR = '/tmp/cifar10_data'    # each worker's copy of the data
+MNIST_BATCH_SIZE = 100            # --dataset=mnist: the book's constants
+MNIST_MAX_STEPS = 1000
+MNIST_TRAIN_DIR = '/tmp/mnist_train'
+MNIST_DATA_DIR = '/tmp/mnist_data'
+DATASET_DEFAULTS = {  # what --dataset gives the flags not set on the command line
+    'cifar10': dict(batch_size=BATCH_SIZE, max_steps=MAX_STEPS, train_dir=TRAIN_DIR,
+                    data_dir=DATA_DIR),
+    'mnist': dict(batch_size=MNIST_BATCH_SIZE, max_steps=MNIST_MAX_STEPS,
+                  train_dir=MNIST_TRAIN_DIR, data_dir=MNIST_DATA_DIR),
+}
 
 # ---- Cluster knobs ------------------------------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
@@ -138,8 +152,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     run = start(exit_stack, cluster, task_index, settings, worker, data.input, stop)
     mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
             if worker.sync_replicas else worker_updates.AsyncUpdates(run))
-    record = (chief.record(run, settings, data, flag_values, {
-        'dist_train.py': sys.modules[__name__], 'multi_gpu_train.py': multi_gpu_train},
+    record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
                            flags_given) if run.is_chief else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)

@@ -5,15 +5,14 @@ from distributed import worker_sessions
 from training import checkpoints, run_record
 
 
-def record(run, settings, data, flag_values, programs, flags_given=()):
+def record(run, settings, data, flag_values, program, flags_given=()):
   """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster.
 
-  programs: {file name: module} whose constants the record keeps (dist_train.py's, and
-  multi_gpu_train.py's training knobs); flags_given: the flags set on the command line
-  (a constant they override says so).
+  program: the module whose constants the record keeps (dist_train.py's);
+  flags_given: the flags set on the command line (a constant they override says so).
   """
   described = run_record.describe(
-      {name: run_record.constants_of(module) for name, module in programs.items()},
+      {'dist_train.py': run_record.constants_of(program)},
       flag_values, settings, run.devices, run.start_step, data, flags_given)
   described['cluster'] = run.cluster.as_dict()
   return described

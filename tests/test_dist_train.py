@@ -459,8 +459,7 @@ def test_moving_averages_computed_on_the_ps_task_of_their_variable():
 
 def test_chief_run_record_says_a_constant_is_overridden_by_the_flag_given(tmp_path,
                                                                          monkeypatch):
-  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given; the
-  # knob is multi_gpu_train.py's, which dist_train.py takes.
+  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given.
   cluster = tf.compat.v1.train.ClusterSpec({'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']})
   run = dist_train.WorkerRun('worker 0', cluster, 0, True, 1, ['127.0.0.1:1'], '127.0.0.1:2',
                              None, None, ['/cpu:0'], '', None, 0, None)
@@ -468,10 +467,9 @@ def test_chief_run_record_says_a_constant_is_overridden_by_the_flag_given(tmp_pa
 
   def record():
     return chief.record(run, settings, data_sets.DATASETS['cifar10'], {'batch_size': 32},
-                        {'dist_train.py': dist_train, 'multi_gpu_train.py': multi_gpu_train},
-                        ['batch_size'])
+                        dist_train, ['batch_size'])
   run_record.write_run_record(str(tmp_path), record())
-  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 16)
+  monkeypatch.setattr(dist_train, 'BATCH_SIZE', 16)
   changed = run_record.changes_since(str(tmp_path), record())
-  assert changed.endswith(': BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by '
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (dist_train.py), overridden by '
                           '--batch_size=32'), changed
