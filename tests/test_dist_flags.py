@@ -160,6 +160,21 @@ def test_sync_chief_without_its_other_worker_waits_then_exits_138_training_nothi
 
 
 @pytest.mark.slow
+def test_sync_chief_with_backup_workers_trains_without_waiting_for_the_others(tasks,
+                                                                            tmp_path):
+  # --replicas_to_aggregate=1 of 2 workers: the user asked for updates without worker 1.
+  hosts = hand_started(2)
+  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
+                 *helpers.STEADY_FLAGS, '--sync_replicas', '--replicas_to_aggregate=1',
+                 '--startup_timeout_secs=600', '--max_steps=5',
+                 '--train_dir=%s' % tmp_path])
+  chief.wait_for(lambda line: line.startswith('worker 0 done: '), 'the chief done')
+  assert not [line for line in chief.lines if 'waiting for worker(s)' in line], chief.log()
+  assert helpers.global_step(tmp_path) == 5
+
+
+@pytest.mark.slow
 def test_worker_built_from_other_model_constants_refused_in_one_line_chief_unharmed(
     tasks, tmp_path):
   # The worker runs a copy of the project whose MNIST hidden layer and learning rate

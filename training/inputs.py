@@ -74,9 +74,10 @@ def worker_batches(data_input, data_dir, batch_size, synthetic):
   Without tf.data's autotuning thread. Closing a session on a cluster deletes the
   worker's graphs, and with them the iterator, whose deletion waits out that
   thread's pause between tunings, which grows to a minute: workers and chiefs
-  stopped together hung there for 10-30 s after their last step, past the ps
-  tasks' stay (3 jobs of 5). Without it, AUTOTUNE parallel calls keep their
-  starting value (the CPUs, at most 16) and prefetch still sizes its buffer.
+  stopped together hung there after their last step, past the ps tasks' stay
+  (tests/test_slurm.py's time-limit test shows it). Without it, AUTOTUNE parallel
+  calls keep their starting value (the CPUs, at most 16) and prefetch still sizes
+  its buffer.
   """
   options = tf.data.Options()
   options.autotune.enabled = False
