@@ -271,20 +271,10 @@ def newest_checkpoint(train_dir, data, went_away=None):
       found = reader.get_variable_to_shape_map()
       return path, int(reader.get_tensor('global_step')), found
     except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
-      if not rotated_away(path, went_away):
+      if not checkpoints.rotated_away(path, went_away):
         raise ExportError('cannot read checkpoint %s: %s' % (
             path, checkpoints.restore_error(e))) from None
       went_away = path
-
-
-def rotated_away(path, went_away):
-  """Whether the checkpoint at path, which failed to read, has gone since it was found
-  (said here); False for one that went away before (a state file nobody updates)."""
-  if os.path.exists(path + '.index') or path == went_away:
-    return False
-  print('%s went away while being read (a trainer rotates its checkpoints); trying the '
-        'newest.' % path, flush=True)
-  return True
 
 
 def check_holds_network(path, data, to_restore, found):
@@ -487,7 +477,7 @@ def export(train_dir, export_dir, dataset, overwrite=False):
         try:
           saver.restore(sess, path)
         except (tf.errors.OpError, ValueError) as e:
-          if rotated_away(path, went_away):
+          if checkpoints.rotated_away(path, went_away):
             went_away = path
             continue
           raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))

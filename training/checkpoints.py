@@ -189,6 +189,17 @@ def _newest_whole_checkpoint(train_dir):
       'and start from step 0.' % (train_dir, '; '.join(skipped)))
 
 
+def rotated_away(path, went_away):
+  """Whether the checkpoint at path, which failed to read, has gone since it was found:
+  a running trainer rotated it away, and the newest will do (said here). False for one
+  gone before (went_away: a state file that nobody updates names it) or still there."""
+  if os.path.exists(path + '.index') or path == went_away:
+    return False
+  print('%s went away while being read (a trainer rotates its checkpoints); trying the '
+        'newest.' % path, flush=True)
+  return True
+
+
 def restore_error(e):
   """What a failed restore says, down to the variable it names, on one line."""
   text = ' '.join(str(e).split())

@@ -256,13 +256,11 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
             options.use_moving_averages, model, data_input)
       except (tf.errors.OpError, ValueError) as e:
         # The trainer deletes old checkpoints as new ones land, after naming the new
-        # one in the state file: the newest will do. A path that went away twice is
-        # named by a state file that nobody updates.
-        if os.path.exists(path + '.index') or path == went_away:
+        # one in the state file: the newest will do.
+        if not checkpoints.rotated_away(path, went_away):
           raise EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
                           'at the trainer\'s --train_dir.' % (
                               path, model.__name__, checkpoints.restore_error(e))) from None
-        print('%s went away while being read; trying again.' % path)
         went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
