@@ -465,27 +465,33 @@ def export(train_dir, export_dir, dataset, overwrite=False):
   """
   data = DATASETS[dataset]
   replaced = check_export_dir(export_dir, overwrite)
-  went_away = None
+  went_away = None  # a checkpoint a running trainer rotated away meanwhile: the newest
   while True:
     path, step, found = newest_checkpoint(train_dir, data, went_away)
-    with tf.Graph().as_default():
-      signature = build(data)
-      to_restore = variables_to_restore(data.model)
-      check_holds_network(path, data, to_restore, found)
-      saver = tf.compat.v1.train.Saver(to_restore)
-      with tf.compat.v1.Session() as sess:
-        try:
-          saver.restore(sess, path)
-        except (tf.errors.OpError, ValueError) as e:
-          if checkpoints.rotated_away(path, went_away):
-            went_away = path
-            continue
-          raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
-        write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
-              {'written_by': 'export_model.py', 'dataset': dataset,
-               'checkpoint': os.path.abspath(path),
-               'global_step': step})
-    return path, step
+    if export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
+      return path, step
+    went_away = path
+
+
+def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
+  """export()'s work on one checkpoint (found: {name: shape} of what it holds); False
+  when it was rotated away before it could be restored (checkpoints.rotated_away)."""
+  with tf.Graph().as_default():
+    signature = build(data)
+    to_restore = variables_to_restore(data.model)
+    check_holds_network(path, data, to_restore, found)
+    saver = tf.compat.v1.train.Saver(to_restore)
+    with tf.compat.v1.Session() as sess:
+      try:
+        saver.restore(sess, path)
+      except (tf.errors.OpError, ValueError) as e:
+        if checkpoints.rotated_away(path, went_away):
+          return False
+        raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
+      write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
+            {'written_by': 'export_model.py', 'dataset': data.model.__name__,
+             'checkpoint': os.path.abspath(path), 'global_step': step})
+  return True
 
 
 def main(argv):
