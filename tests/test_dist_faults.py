@@ -451,25 +451,33 @@ def test_chief_diverging_saves_no_non_finite_checkpoint_and_says_which_is_untouc
 
 
 @pytest.mark.slow
-def test_chief_data_file_cut_mid_run_saves_then_stops_in_one_line(tasks, tmp_path):
-  # As multi_gpu_train.py's: the file cut as a copy in progress would leave it.
+def test_data_file_cut_mid_run_chief_saves_then_each_worker_stops_in_one_line(tasks,
+                                                                              tmp_path):
+  # As multi_gpu_train.py's: the file cut as a copy in progress would leave it. Both
+  # workers read the same copy; the other has nothing to save.
   data = helpers.write_sample(tmp_path / 'data', 40)  # 200 training records: 25 steps an epoch
   train_dir = tmp_path / 'train'
-  ports = local_cluster.free_ports(2)
-  hosts = ['--ps_hosts=127.0.0.1:%d' % ports[0], '--worker_hosts=127.0.0.1:%d' % ports[1]]
+  ports = local_cluster.free_ports(3)
+  hosts = ['--ps_hosts=127.0.0.1:%d' % ports[0],
+           '--worker_hosts=127.0.0.1:%d,127.0.0.1:%d' % tuple(ports[1:])]
+  flags = [*hosts, *QUICK_FLAGS, *data.flags, '--summary_steps=0', '--max_steps=100000']
   tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
-  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
-                 *QUICK_FLAGS, *data.flags, '--train_dir=%s' % train_dir,
-                 '--summary_steps=0', '--save_every_n_steps=5', '--max_steps=100000'])
-  chief.wait_for(lambda line: (m := WORKER_LOSS_LINE.match(line)) and int(m.group(1)) >= 6,
-                 'the loss line of step 6')  # step 5 is saved
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *flags,
+                 '--train_dir=%s' % train_dir, '--save_every_n_steps=5'])
+  other = tasks(['dist_train.py', '--job_name=worker', '--task_index=1', *flags])
+  for worker in (chief, other):
+    worker.wait_for(lambda line: (m := WORKER_LOSS_LINE.match(line)) and int(m.group(1)) >= 6,
+                    'the loss line of step 6')  # step 5 is saved
   path = os.path.join(data.dir, 'cifar-10-batches-bin', 'data_batch_3.bin')
   with open(path, 'r+b') as f:
     f.truncate(os.path.getsize(path) - 1000)
-  assert chief.finish() == 1, chief.log()
-  errors = [line for line in chief.err_lines if line.startswith('error')]
-  assert len(errors) == 1 and 'Traceback' not in chief.err, chief.log()
-  assert errors[0].startswith('error: a data file changed during the run: %s has 121920 '
-                              'bytes' % path), errors[0]
-  step = int(re.search(r'Saved step (\d+)', errors[0]).group(1))
+  for worker, then in ((chief, r'Saved step (\d+); rerun to resume once the file is whole\.'),
+                       (other, r'This worker saves nothing \(the chief does\); rerun it once '
+                               r'the file is whole\.')):
+    assert worker.finish() == 1, worker.log()
+    errors = [line for line in worker.err_lines if line.startswith('error')]
+    assert len(errors) == 1 and 'Traceback' not in worker.err, worker.log()
+    assert re.fullmatch(r'error: a data file changed during the run: %s has 121920 bytes.* %s'
+                        % (re.escape(path), then), errors[0]), errors[0]
+  step = int(re.search(r'Saved step (\d+)', chief.err).group(1))
   assert helpers.global_step(train_dir) == step > 5, chief.log()
