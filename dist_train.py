@@ -42,7 +42,8 @@ import sys
 from training import prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, signals held, TensorFlow
+  # First: Python 3.11+, signals held, TensorFlow imported with its lines filtered for life.
+  prelude.start(sys.argv, hold_signals=True, filter_for_life=True)
 
 import collections
 import contextlib

@@ -77,6 +77,7 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
   happened and wait for the ps tasks when a session must be reopened (unless a
   stop was asked for: then they raise errors.PeerGone at once).
   """
+  tf.get_logger().addFilter(not_said_on_reopening)
   secs = startup_timeout_secs + WATCHDOG_SLACK_SECS
   run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
                    'Check that they are running and reachable, or raise '
@@ -188,6 +189,13 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
               '--startup_timeout_secs.' % (self._who, self._timeout_secs, self._chief_host,
                                            'restore' if self._opened > 1 else
                                            'initialise or restore')) from None
+
+
+def not_said_on_reopening(record):
+  """A logging filter: False for MonitoredSession's error on closing a session that a
+  ps task's leaving aborted; say_reopening says what happened, in one line."""
+  return not record.getMessage().startswith(
+      'An error occurred when attempting to close the session')
 
 
 def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then, should_stop):

@@ -320,20 +320,26 @@ def started_tasks():
 
 
 def tasks_of(launcher_pid):
-  """{PID: command-line words} of the live processes a --local_cluster launcher started."""
+  """{PID: command-line words} of the live processes a --local_cluster launcher started.
+
+  A task's own child (prelude's stderr filter) is not a task while its parent lives;
+  left behind by it, it counts, as anything of a task's left running does.
+  """
   from distributed import local_cluster
   marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher_pid)).encode()
-  found = {}
+  marked = {}
   for pid in filter(str.isdigit, os.listdir('/proc')):
     try:
       with open('/proc/%s/environ' % pid, 'rb') as f:
         if marker not in f.read().split(b'\0'):
           continue
+      with open('/proc/%s/stat' % pid, 'rb') as f:
+        parent = int(f.read().rpartition(b')')[2].split()[1])
       with open('/proc/%s/cmdline' % pid, 'rb') as f:
-        found[int(pid)] = f.read().decode(errors='replace').split('\0')
+        marked[int(pid)] = parent, f.read().decode(errors='replace').split('\0')
     except OSError:  # gone meanwhile
       pass
-  return found
+  return {pid: words for pid, (parent, words) in marked.items() if parent not in marked}
 
 
 def task_pid(launcher_pid, job_name, task_index):

@@ -38,6 +38,19 @@ def test_filter_lines_drops_lines_below_the_level_with_their_banner_and_passes_t
       b'partial line, no newline']
 
 
+def test_filter_lines_drops_a_ps_step_cleanup_error_and_its_grpc_detail_the_program_says_itself():
+  # dist_train.py's workers after a ps restart; the program's own line says what happened.
+  cleanup = [b'E0000 00:00:1795675297.2   22365 master_session.cc:1972] Cleanup partition '
+             b'error: UNAVAILABLE: sendmsg: Broken pipe (32)\n',
+             b'Additional GRPC error information from remote target /job:ps/replica:0/task:0 '
+             b'while calling /tensorflow.WorkerService/CleanupGraph:\n',
+             b':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"Broken"}\n']
+  said = b'worker 1: the session was aborted: a ps task (127.0.0.1:2222) went away\n'
+  assert list(prelude.filter_lines(cleanup + [said, ERROR] + cleanup[1:], 2)) == [
+      said, ERROR] + cleanup[1:]  # gRPC's detail after any other line stays
+  assert list(prelude.filter_lines(cleanup[:1] + [PLAIN], 3)) == [PLAIN]
+
+
 def test_min_level_reads_as_tensorflow_does():
   assert [prelude.min_level(v) for v in ('2', '0', '3', '', 'x')] == [2, 0, 3, 0, 0]
 

@@ -12,7 +12,9 @@
   3. onednn.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
   4. import_tensorflow(): TF_CPP_MIN_LOG_LEVEL=2 unless you set it (TensorFlow's
      errors show, its INFO and WARNING lines do not), applied to the lines TensorFlow
-     prints while it loads too.
+     prints while it loads too. dist_train.py keeps that filter for its whole life:
+     it also drops the errors TensorFlow prints about a ps task that went away, which
+     the program reports in its own line (SAID_BY_THE_PROGRAM).
 
 Why 3 takes more than setting the variable. TensorFlow 2.21 logs through absl, and
 reads TF_CPP_MIN_LOG_LEVEL in a static initializer (logging_initializer.cc) of each
@@ -40,26 +42,34 @@ PYTHON = (3, 11)              # the oldest Python the programs run on
 LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 DEFAULT_LOG_LEVEL = '2'       # TensorFlow's errors only; no INFO, WARNING
 SEVERITIES = 'IWEF'           # absl's letters, in TF_CPP_MIN_LOG_LEVEL's order 0..3
-ABSL_LINE = re.compile(r'([IWEF])\d{4} \d\d:\d\d:[\d.]+ +\d+ [^ \]]+:\d+\] ')
+ABSL_LINE = re.compile(r'([IWEF])\d{4} \d\d:\d\d:[\d.]+ +\d+ ([^ \]]+):\d+\] (.*)')
+# TensorFlow's errors that a program says in its own words, as (source file, start of
+# the message): a step's clean-up on a ps task that went away (dist_train.py: "the
+# session was aborted: a ps task (...) went away or restarted"). Dropped, with the
+# lines of gRPC detail that follow them (DETAIL), by a filter kept for life.
+SAID_BY_THE_PROGRAM = (('master_session.cc', 'Cleanup partition error: '),)
+DETAIL = ('Additional GRPC error information from remote target ',
+          ':UNKNOWN:Error received from peer ')
 BANNER = 'WARNING: All log messages before absl::InitializeLog() is called are written to'
 # absl's help flags: True where only the program's own flags are listed.
 HELP_ARGS = {'--help': False, '-help': False, '-?': False, '--helpfull': False,
              '-helpfull': False, '--helpshort': True, '-helpshort': True}
 
 
-def start(argv, hold_signals=False):
+def start(argv, hold_signals=False, filter_for_life=False):
   """check_python(), answer_help(argv), onednn.choose(argv), import_tensorflow(): a
   program's first lines.
 
   hold_signals: a trainer's: a Ctrl-C or SIGTERM from here on waits for its step loop
   (signals.hold_until_ready), which stops as soon as it starts, saving.
+  filter_for_life: dist_train.py's: TensorFlow's lines stay filtered after its import.
   """
   check_python()
   answer_help(argv)
   if hold_signals:
     signals.hold_until_ready()
   onednn.choose(argv)
-  import_tensorflow()
+  import_tensorflow(for_life=filter_for_life)
 
 
 def answer_help(argv):
@@ -90,13 +100,16 @@ def check_python(version=None):
              % (PYTHON + ('.'.join(map(str, version[:3])), sys.executable)))
 
 
-def import_tensorflow(environ=None):
+def import_tensorflow(environ=None, for_life=False):
   """Imports TensorFlow with TF_CPP_MIN_LOG_LEVEL (2 unless set) applied to its loading too.
 
-  While TensorFlow loads, stderr (file descriptor 2, where its C++ code writes) goes
-  through a pipe to a child process that passes on every line but those filter_lines()
-  drops. A child, not a thread: a message TensorFlow prints just before it aborts the
-  import (a CPU without the instructions it was built for) still reaches the terminal.
+  While TensorFlow loads (for_life: from then on), stderr (file descriptor 2, where
+  its C++ code writes) goes through a pipe to a child process that passes on every
+  line but those filter_lines() drops. A child, not a thread: a message TensorFlow
+  prints just before it aborts (a CPU without the instructions it was built for), or
+  one printed just before os._exit, still reaches the terminal. Kept for life, the
+  child ends once this process, and every process it started that shares its stderr,
+  has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind.
   """
   environ = os.environ if environ is None else environ
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
@@ -121,6 +134,10 @@ def import_tensorflow(environ=None):
   saved_stderr = os.dup(2)
   os.dup2(write_end, 2)
   os.close(write_end)
+  if for_life:
+    os.close(saved_stderr)
+    import tensorflow  # noqa: F401,F811
+    return
   try:
     import tensorflow  # noqa: F401,F811
   finally:
@@ -139,19 +156,26 @@ def min_level(value):
 
 
 def filter_lines(lines, level):
-  """The lines (bytes) to show: all but absl-format lines below `level`.
+  """The lines (bytes) to show: all but absl-format lines below `level`, and those
+  SAID_BY_THE_PROGRAM with the DETAIL lines that follow them.
 
   absl's banner is held until the next line: shown before a line that is shown,
   dropped with one that is dropped.
   """
-  banner = None
+  banner, said = None, False
   for line in lines:
-    if line.decode('utf-8', 'replace').startswith(BANNER):
+    text = line.decode('utf-8', 'replace')
+    if said and text.startswith(DETAIL):
+      continue
+    said = False
+    if text.startswith(BANNER):
       banner = line
       continue
-    found = ABSL_LINE.match(line.decode('utf-8', 'replace'))
-    if found and SEVERITIES.index(found.group(1)) < level:
-      banner = None
+    found = ABSL_LINE.match(text)
+    if found and (SEVERITIES.index(found.group(1)) < level or
+                  any(found.group(2) == source and found.group(3).startswith(message)
+                      for source, message in SAID_BY_THE_PROGRAM)):
+      banner, said = None, True
       continue
     if banner:
       yield banner
