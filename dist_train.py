@@ -63,26 +63,11 @@ from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
-# ---- Training knobs, per worker: edit, save, rerun --------------------------------
-BATCH_SIZE = 128                  # images per tower; one worker step sees BATCH_SIZE * num_gpus
-NUM_GPUS = 1                      # towers per worker; each gets /gpu:i, or /cpu:i without GPUs
-MAX_STEPS = 1000000               # global step to stop at: updates applied, all workers
-LOG_FREQUENCY = 10                # global steps between a worker's loss lines
-SAVE_EVERY_N_STEPS = 1000         # global steps between the chief's checkpoints
-SUMMARY_STEPS = 100               # global steps between the chief's summaries; 0: none
-KEEP_CHECKPOINTS = 5              # older checkpoints are deleted as new ones land
-TRAIN_DIR = '/tmp/cifar10_train'  # the chief's checkpoints and event files
-DATA_DIR = '/tmp/cifar10_data'    # each worker's copy of the data
-MNIST_BATCH_SIZE = 100            # --dataset=mnist: the book's constants
-MNIST_MAX_STEPS = 1000
-MNIST_TRAIN_DIR = '/tmp/mnist_train'
-MNIST_DATA_DIR = '/tmp/mnist_data'
-DATASET_DEFAULTS = {  # what --dataset gives the flags not set on the command line
-    'cifar10': dict(batch_size=BATCH_SIZE, max_steps=MAX_STEPS, train_dir=TRAIN_DIR,
-                    data_dir=DATA_DIR),
-    'mnist': dict(batch_size=MNIST_BATCH_SIZE, max_steps=MNIST_MAX_STEPS,
-                  train_dir=MNIST_TRAIN_DIR, data_dir=MNIST_DATA_DIR),
-}
+# ---- Training knobs: multi_gpu_train.py's, one copy (edit them there) ---------------
+# A worker trains with them as multi_gpu_train.py does; here a step is a global step
+# (one update, from all workers) and NUM_GPUS counts one worker's towers.
+from multi_gpu_train import (DATASET_DEFAULTS, KEEP_CHECKPOINTS, LOG_FREQUENCY, NUM_GPUS,
+                             SAVE_EVERY_N_STEPS, SUMMARY_STEPS)
 
 # ---- Cluster knobs ------------------------------------------------------------------
 STARTUP_TIMEOUT_SECS = 120   # a worker waits this long for its ps tasks, then for the chief
@@ -154,7 +139,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
             if worker.sync_replicas else worker_updates.AsyncUpdates(run))
     record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
-                           flags_given) if run.is_chief else None)
+                           sys.modules['multi_gpu_train'], flags_given)
+              if run.is_chief else None)
     epoch = inputs.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():

@@ -1,18 +1,26 @@
 """What only the chief (worker 0) writes beside training, and what it has written:
 its run record, its checkpoint and summary hooks, its newest checkpoint's step.
 """
+import os
+
 from distributed import worker_sessions
 from training import checkpoints, run_record
 
 
-def record(run, settings, data, flag_values, program, flags_given=()):
+def record(run, settings, data, flag_values, program, knobs, flags_given=()):
   """The chief's run record, as multi_gpu_train.py's: flags, constants, the cluster.
 
-  program: the module whose constants the record keeps (dist_train.py's);
-  flags_given: the flags set on the command line (a constant they override says so).
+  program: dist_train.py's module; knobs: the module its training knobs come from
+  (multi_gpu_train.py's), where they are edited: they are recorded there, the
+  program's own constants beside them. flags_given: the flags set on the command
+  line (a constant they override says so).
   """
+  edited_there = run_record.constants_of(knobs)
+  own = {name: value for name, value in run_record.constants_of(program).items()
+         if name not in edited_there}
   described = run_record.describe(
-      {'dist_train.py': run_record.constants_of(program)},
+      {os.path.basename(knobs.__file__): edited_there,
+       os.path.basename(program.__file__): own},
       flag_values, settings, run.devices, run.start_step, data, flags_given)
   described['cluster'] = run.cluster.as_dict()
   return described

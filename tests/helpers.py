@@ -319,6 +319,19 @@ def started_tasks():
     task.kill()
 
 
+def trainer_settings(train_dir, data_dir, **given):
+  """A training.settings.Settings as multi_gpu_train.py's flags give it: its training
+  knobs (those of --dataset, given or cifar10), but for the arguments given."""
+  import multi_gpu_train
+  from training.settings import Settings
+  per_dataset = multi_gpu_train.DATASET_DEFAULTS[given.get('dataset', 'cifar10')]
+  knobs = dict(num_gpus=multi_gpu_train.NUM_GPUS, batch_size=per_dataset['batch_size'],
+               max_steps=per_dataset['max_steps'], log_frequency=multi_gpu_train.LOG_FREQUENCY,
+               summary_steps=multi_gpu_train.SUMMARY_STEPS,
+               save_every_n_steps=multi_gpu_train.SAVE_EVERY_N_STEPS)
+  return Settings(str(train_dir), data_dir, **dict(knobs, **given))
+
+
 def tasks_of(launcher_pid):
   """{PID: command-line words} of the live processes a --local_cluster launcher started.
 

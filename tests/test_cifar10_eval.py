@@ -14,7 +14,6 @@ import cifar10_input
 from training import evaluation
 import helpers
 import multi_gpu_train
-from training.settings import Settings
 
 
 def _files(directory):
@@ -56,7 +55,7 @@ def trained(tmp_path_factory):
   # spiked in the last steps. At 0.05, seeds 1-4 gave 0.89-0.90.
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
-    multi_gpu_train.train(Settings(
+    multi_gpu_train.train(helpers.trainer_settings(
         train_dir, data_dir, num_gpus=2, batch_size=32, max_steps=400, log_frequency=50,
         summary_steps=50, save_every_n_steps=1000, data_md5=md5, seed=1))
   return data_dir, train_dir, md5
@@ -136,7 +135,7 @@ def test_tensorboard_reads_summaries_at_multiples_of_summary_steps_and_the_end(t
 
 def test_resumed_run_stopping_before_next_summary_step_still_writes_one(sample, tmp_path):
   for max_steps in (7, 9):
-    multi_gpu_train.train(Settings(
+    multi_gpu_train.train(helpers.trainer_settings(
         str(tmp_path / 'train'), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
         summary_steps=5, data_md5=sample.md5))
   assert helpers.scalar_steps_per_file(tmp_path / 'train', '1_loss/total_loss') == [
@@ -254,7 +253,7 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(sampl
                                                                            monkeypatch,
                                                                            capsys):
   train_dir = tmp_path / 'train'
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=2, summary_steps=0,
       save_every_n_steps=1, data_md5=sample.md5))
   found = []

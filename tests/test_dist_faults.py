@@ -22,7 +22,6 @@ from helpers import (DONE_LINE, QUICK_FLAGS, RESUMING_LINE, SAVED_LINE, STEADY_F
 from distributed import cluster_env, local_cluster, ps_task
 import multi_gpu_train
 from training import checkpoints
-from training.settings import Settings
 
 
 # ---- Workers and the chief killed and restarted ------------------------------------
@@ -307,7 +306,7 @@ def test_async_chief_stopped_worker_finishes_restarted_chief_resumes_all_exit_0(
 
 def train_in_process(train_dir, max_steps, save_every_n_steps):
   """multi_gpu_train's synthetic run: checkpoints the chief resumes like its own."""
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(train_dir), '', synthetic=True, batch_size=8, max_steps=max_steps, summary_steps=0,
       save_every_n_steps=save_every_n_steps))
 
@@ -399,7 +398,7 @@ def test_job_is_over_only_at_max_steps_read_by_the_state_file_reader(tmp_path, c
   if state is not None:
     (tmp_path / 'checkpoint').write_text(state)
   ps = cluster_env.Cluster(['127.0.0.1:1'], ['127.0.0.1:2'], 'ps', 0, 'flags', '')
-  settings = Settings(str(tmp_path), '', synthetic=True, max_steps=4)
+  settings = helpers.trainer_settings(str(tmp_path), '', synthetic=True, max_steps=4)
   assert ps_task.job_is_over(ps, None, settings) == over
   said = capsys.readouterr().out
   assert said == ('ps 0: the job is over: %s/model.ckpt-4 is at step 4, not below '

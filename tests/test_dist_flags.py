@@ -72,6 +72,22 @@ def test_helpshort_prints_the_docstring_verbatim(helpshort):
   assert '--task_index=0 \\\n        --ps_hosts=10.0.0.1:2222' in out
 
 
+def test_training_knobs_edited_in_multi_gpu_train_are_the_distributed_defaults_too(tmp_path):
+  # One copy of each knob: before, dist_train.py had its own block, and an edited
+  # multi_gpu_train.py BATCH_SIZE left the distributed trainer at 128.
+  copy = tmp_path / 'checkout'
+  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
+  program = copy / 'multi_gpu_train.py'
+  text, count = re.subn(r'^BATCH_SIZE = 128 ', 'BATCH_SIZE = 16 ', program.read_text(),
+                        flags=re.M)
+  assert count == 1
+  program.write_text(text)
+  done = helpers.run([str(copy / 'dist_train.py'), '--helpshort'])
+  assert done.code == 0, done.log()
+  assert re.search(r'--batch_size: [^(]*\(default: 16 for cifar10, 100 for\s+mnist\)',
+                   done.out), done.log()
+
+
 @pytest.mark.slow
 def test_hand_started_task_warning_names_its_port_and_tensorflow_security_advice(tmp_path):
   ps_port, worker_port = local_cluster.free_ports(2)

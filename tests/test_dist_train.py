@@ -36,7 +36,6 @@ import cifar10
 import mnist
 import multi_gpu_train
 from training import run_record, updates
-from training.settings import Settings
 
 
 def start_together(launcher, num_workers):
@@ -113,7 +112,7 @@ def one_process_run(async_run, tmp_path_factory):
   """multi_gpu_train.py, one tower, from the same checkpoint on the same batch."""
   train_dir = os.path.join(str(tmp_path_factory.mktemp('one_process')), 'train')
   helpers.copy_checkpoint(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       train_dir, '', synthetic=True, max_steps=MAX_STEPS, batch_size=8, summary_steps=0))
   return train_dir
 
@@ -459,17 +458,21 @@ def test_moving_averages_computed_on_the_ps_task_of_their_variable():
 
 def test_chief_run_record_says_a_constant_is_overridden_by_the_flag_given(tmp_path,
                                                                          monkeypatch):
-  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given.
+  # As multi_gpu_train.py's record: an edited BATCH_SIZE with --batch_size given. The
+  # training knobs are multi_gpu_train.py's, recorded there; dist_train.py's own beside.
   cluster = tf.compat.v1.train.ClusterSpec({'ps': ['127.0.0.1:1'], 'worker': ['127.0.0.1:2']})
   run = dist_train.WorkerRun('worker 0', cluster, 0, True, 1, ['127.0.0.1:1'], '127.0.0.1:2',
                              None, None, ['/cpu:0'], '', None, 0, None)
-  settings = Settings(str(tmp_path), '', synthetic=True, batch_size=32)
+  settings = helpers.trainer_settings(str(tmp_path), '', synthetic=True, batch_size=32)
 
   def record():
     return chief.record(run, settings, data_sets.DATASETS['cifar10'], {'batch_size': 32},
-                        dist_train, ['batch_size'])
-  run_record.write_run_record(str(tmp_path), record())
-  monkeypatch.setattr(dist_train, 'BATCH_SIZE', 16)
+                        dist_train, multi_gpu_train, ['batch_size'])
+  first = record()
+  assert 'BATCH_SIZE' not in first['constants']['dist_train.py']
+  assert first['constants']['dist_train.py']['STEP_TIMEOUT_SECS'] == dist_train.STEP_TIMEOUT_SECS
+  run_record.write_run_record(str(tmp_path), first)
+  monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', 16)
   changed = run_record.changes_since(str(tmp_path), record())
-  assert changed.endswith(': BATCH_SIZE 128 -> 16 (dist_train.py), overridden by '
+  assert changed.endswith(': BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by '
                           '--batch_size=32'), changed

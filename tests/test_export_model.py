@@ -25,7 +25,6 @@ import mnist
 import mnist_input
 import multi_gpu_train
 from training import evaluation
-from training.settings import Settings
 
 # Run as `python -I -c` in an empty directory: no project code can be imported there.
 PLAIN_TENSORFLOW = '''
@@ -49,7 +48,7 @@ def exported(sample, tmp_path_factory):
   """A CIFAR-10 model trained 20 steps on the sample, exported by `python export_model.py`."""
   root = tmp_path_factory.mktemp('export')
   train_dir, export_dir = str(root / 'train'), str(root / 'model')
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       train_dir, sample.dir, num_gpus=1, batch_size=16, max_steps=20, summary_steps=0,
       data_md5=sample.md5, seed=1))
   done = helpers.run(['export_model.py', '--train_dir=' + train_dir,
@@ -64,7 +63,7 @@ def mnist_exported(mnist_sample, tmp_path_factory):
   """An MNIST model trained 20 steps on the sample, exported in this process."""
   root = tmp_path_factory.mktemp('mnist_export')
   train_dir, export_dir = str(root / 'train'), str(root / 'model')
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       train_dir, mnist_sample, dataset='mnist', num_gpus=1, batch_size=50, max_steps=20,
       summary_steps=0, seed=1))
   path, step = export_model.export(train_dir, export_dir, 'mnist')

@@ -27,7 +27,6 @@ import mnist_input
 import multi_gpu_train
 from multi_gpu_train import average_gradients, tower_loss
 from training import settings as trainer_settings
-from training.settings import Settings
 
 NUM_TOWERS = 2
 FP16_MNIST_PRECISION_GATE = 0.8   # float32's gate in tests/test_mnist.py; measured: see the test
@@ -401,7 +400,7 @@ def _train(train_dir, data_dir, dataset='mnist', data_md5=None, **kwargs):
   settings = dict(num_gpus=2, batch_size=4, max_steps=4, summary_steps=0, log_frequency=1,
                   seed=1, use_fp16=True)
   settings.update(kwargs)
-  multi_gpu_train.train(Settings(str(train_dir), data_dir, dataset=dataset,
+  multi_gpu_train.train(helpers.trainer_settings(str(train_dir), data_dir, dataset=dataset,
                                                  data_md5=data_md5, **settings))
 
 

@@ -10,7 +10,6 @@ import helpers
 import mnist
 import mnist_input
 import multi_gpu_train
-from training.settings import Settings
 
 # mnist/ importing nothing of training/, distributed/ or the programs, and building under
 # tf.compat.v1.disable_v2_behavior(): tests/test_cifar10_model.py, one process for both models.
@@ -59,7 +58,7 @@ def test_train_two_towers_then_eval_learns_the_sample(mnist_sample, tmp_path, ca
   # In this process: the trainer's and the evaluator's own functions; the command
   # lines and their defaults are the next test's and tests/test_first_run.py's.
   train_dir = str(tmp_path / 'train')
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       train_dir, mnist_sample, dataset='mnist', num_gpus=2, batch_size=100, max_steps=200,
       log_frequency=100, seed=1))  # one outcome: unseeded runs measured 0.87-0.92
   out = capsys.readouterr().out
@@ -124,9 +123,9 @@ def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_s
 
 def test_seeded_mnist_runs_repeat_exactly(mnist_sample, tmp_path):
   for name in ('a', 'b'):
-    multi_gpu_train.train(Settings(
-        str(tmp_path / name), mnist_sample, num_gpus=2, batch_size=50, max_steps=20, summary_steps=0,
-        seed=3, dataset='mnist'))
+    multi_gpu_train.train(helpers.trainer_settings(
+        str(tmp_path / name), mnist_sample, num_gpus=2, batch_size=50, max_steps=20,
+        summary_steps=0, seed=3, dataset='mnist'))
   a, b = (helpers.checkpoint(tmp_path / name) for name in ('a', 'b'))
   assert 'layer1/weights/ExponentialMovingAverage' in a and a.keys() == b.keys()
   for name in a:

@@ -17,7 +17,6 @@ from training import input_lib
 import multi_gpu_train
 from training import checkpoints
 from training import settings as trainer_settings
-from training.settings import Settings
 from training import errors
 from training.errors import TrainingError
 
@@ -31,7 +30,7 @@ def _trainer(*args):
 
 def _settings(sample, train_dir, **changes):
   """Settings of a short run on the sample, one tower of 8 images, no summaries."""
-  return Settings(str(train_dir), sample.dir, **dict(dict(
+  return helpers.trainer_settings(str(train_dir), sample.dir, **dict(dict(
       num_gpus=1, batch_size=8, summary_steps=0, data_md5=sample.md5), **changes))
 
 
@@ -79,7 +78,7 @@ def test_train_loss_goes_nan_stops_with_step_and_writes_no_checkpoint(sample, tm
   # the variables that step's update left, checked before each save.
   with pytest.raises(TrainingError, match=r'(loss is nan at step \d+|a variable became '
                      r'NaN or infinite by step \d+).*INITIAL_LEARNING_RATE'):
-    multi_gpu_train.train(Settings(
+    multi_gpu_train.train(helpers.trainer_settings(
         str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=50, summary_steps=0,
         save_every_n_steps=1, data_md5=sample.md5))
   # Checkpoints written while the loss was finite stay; none holds a NaN.
@@ -179,7 +178,7 @@ def test_failed_download_leaves_no_directories(tmp_path):
     s.bind(('127.0.0.1', 0))
     url = 'http://127.0.0.1:%d/cifar-10-binary.tar.gz' % s.getsockname()[1]
   with pytest.raises(input_lib.DataError) as raised:
-    multi_gpu_train.train(Settings(
+    multi_gpu_train.train(helpers.trainer_settings(
         str(tmp_path / 'train'), str(tmp_path / 'data'), data_url=url, max_steps=5))
   assert str(raised.value).startswith('cannot download %s' % url)
   assert 'python cifar10_input.py --write_sample=' in str(raised.value)  # the offline way in
@@ -338,7 +337,7 @@ def test_async_towers_both_update_and_global_step_counts_them(sample, tmp_path, 
 
 def _synthetic(tmp_path, **changes):
   """Settings of a short run on synthetic batches of 8, no summaries, a line every 10 steps."""
-  return Settings(str(tmp_path), '', **dict(dict(
+  return helpers.trainer_settings(str(tmp_path), '', **dict(dict(
       synthetic=True, batch_size=8, summary_steps=0, log_frequency=10), **changes))
 
 
@@ -507,8 +506,9 @@ def test_cli_data_file_changed_mid_run_stops_in_one_line_after_saving(tmp_path, 
 def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path, capsys,
                                                                        monkeypatch):
   def run(max_steps, batch_size):
-    multi_gpu_train.train(Settings(str(tmp_path), '', synthetic=True, batch_size=batch_size,
-                                   max_steps=max_steps, summary_steps=0),
+    multi_gpu_train.train(helpers.trainer_settings(str(tmp_path), '', synthetic=True,
+                                                   batch_size=batch_size,
+                                                   max_steps=max_steps, summary_steps=0),
                           flag_values={'batch_size': batch_size, 'max_steps': max_steps})
     return [line for line in capsys.readouterr().out.splitlines()
             if line.startswith('changed since')]

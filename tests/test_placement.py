@@ -70,8 +70,7 @@ def test_tower_devices_start_up_line_with_gpus_tensorflow_cannot_use_says_what_t
 def test_log_device_placement_two_towers_summed_up_per_device_after_tensorflows_lines(
     tmp_path, capfd):
   import multi_gpu_train  # the trainer's own session start, in this process
-  from training.settings import Settings
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(tmp_path), '', num_gpus=2, batch_size=4, max_steps=1, summary_steps=0,
       synthetic=True, session=placement.SessionOptions(log_device_placement=True)))
   lines = capfd.readouterr().out.splitlines()

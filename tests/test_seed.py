@@ -14,7 +14,6 @@ import cifar10_input
 import helpers
 import multi_gpu_train
 from training import inputs, onednn, summaries
-from training.settings import Settings
 
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later
@@ -28,7 +27,7 @@ LOSS_TAG = summaries.LOSS_TAGS + 'total_loss'
 
 
 def _train(sample, train_dir, num_gpus=1, batch_size=8, max_steps=6, seed=7, **kwargs):
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(train_dir), sample.dir, num_gpus=num_gpus, batch_size=batch_size, max_steps=max_steps,
       summary_steps=1, data_md5=sample.md5, seed=seed, **kwargs))
 

@@ -20,7 +20,6 @@ import tensorflow as tf
 import helpers
 import multi_gpu_train
 from training import checkpoints, directory, errors, run_record, summaries
-from training.settings import Settings
 
 TRAINER = os.path.join(helpers.ROOT, 'multi_gpu_train.py')
 
@@ -42,7 +41,7 @@ def _files(directory):
 
 
 def _train(sample, train_dir, max_steps, save_every_n_steps=2):
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=max_steps,
       summary_steps=0, save_every_n_steps=save_every_n_steps, data_md5=sample.md5))
 
@@ -220,7 +219,7 @@ def test_copied_directory_resumes_from_its_own_files_original_untouched(sample, 
 
 def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
   _train(sample, tmp_path, max_steps=4)
-  multi_gpu_train.train(Settings(
+  multi_gpu_train.train(helpers.trainer_settings(
       str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=1, summary_steps=0,
       data_md5=sample.md5, fresh=True))
   backup = re.search(r'to (\S+/replaced-\S+):', capsys.readouterr().out).group(1)

@@ -134,17 +134,16 @@ def import_tensorflow(environ=None, for_life=False):
   saved_stderr = os.dup(2)
   os.dup2(write_end, 2)
   os.close(write_end)
-  if for_life:
-    os.close(saved_stderr)
-    import tensorflow  # noqa: F401,F811
-    return
   try:
     import tensorflow  # noqa: F401,F811
   finally:
-    sys.stderr.flush()
-    os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the child ends
-    os.close(saved_stderr)
-    os.waitpid(child, 0)  # and its lines come before anything printed after
+    if for_life:  # the child stays, and ends after this process
+      os.close(saved_stderr)
+    else:
+      sys.stderr.flush()
+      os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the child ends
+      os.close(saved_stderr)
+      os.waitpid(child, 0)  # and its lines come before anything printed after
 
 
 def min_level(value):

@@ -21,17 +21,17 @@ MAX_INT64 = 2 ** 63 - 1    # --max_steps (the int64 global step), --seed (an int
 
 
 class Settings(typing.NamedTuple):
-  """One run's settings: the flags, or a test's arguments. The defaults are the
-  tutorial's; the programs pass their own constants (settings_from_flags)."""
+  """One run's settings: the flags, or a test's arguments. The training knobs have no
+  default here: they are the program's constants (settings_from_flags), one copy."""
   train_dir: str
   data_dir: str
-  num_gpus: int = 1
-  batch_size: int = 128                         # images per tower
-  max_steps: int = 1000000                      # the global step to stop at
+  num_gpus: int
+  batch_size: int                               # images per tower
+  max_steps: int                                # the global step to stop at
+  log_frequency: int
+  summary_steps: int                            # 0: no summaries
+  save_every_n_steps: int
   dataset: str = 'cifar10'                      # a key of data_sets.DATASETS
-  log_frequency: int = 10
-  summary_steps: int = 100                      # 0: no summaries
-  save_every_n_steps: int = 1000
   synthetic: bool = False
   data_url: str = None
   data_md5: str = None
