@@ -32,7 +32,7 @@ import urllib.parse
 import numpy as np
 import tensorflow as tf
 
-from training import input_lib
+from training import errors, input_data
 
 # ---- The data set, as published ---------------------------------------------
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
@@ -61,7 +61,7 @@ SAMPLE_RECORDS_PER_FILE = 1000        # --write_sample: 6 files of 3 MB, learnab
 EXTRACT_PREFIX = '.extract-'          # + PID: a temporary directory being extracted into
 
 
-DataError = input_lib.DataError  # the data set is missing, damaged or unsafe
+DataError = errors.DataError  # the data set is missing, damaged or unsafe
 
 
 def batches_dir(data_dir):
@@ -222,7 +222,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
     data_dir: str, directory for the archive and the extracted files.
     data_url: str, where to fetch the archive (default: the official copy).
     data_md5: str, the archive's md5 (default: the official archive's).
-    deadlines: input_lib.Deadlines of a download (default: input_lib's constants).
+    deadlines: input_data.Deadlines of a download (default: input_data's constants).
 
   Returns:
     str, the directory holding the .bin files.
@@ -248,7 +248,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
     try:
       check_data_files(paths, per_file)
     except DataError as e:
-      found = os.path.isfile(archive) and input_lib.md5_of(archive)
+      found = os.path.isfile(archive) and input_data.md5_of(archive)
       if not found:
         raise
       what = str(e).split('. ')[0] + '.'
@@ -261,7 +261,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
       _extract(archive, data_dir, per_file)
   else:
     _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None,
-           deadlines or input_lib.Deadlines())
+           deadlines or input_data.Deadlines())
     _extract(archive, data_dir, per_file)
     print('Extracted %s' % dest)
   if not official:
@@ -278,30 +278,30 @@ def _fetch(data_url, data_dir, archive, data_md5, expected_bytes, deadlines):
   created here and is still empty, if the download fails.
   """
   if os.path.exists(archive):
-    md5 = input_lib.md5_of(archive)
+    md5 = input_data.md5_of(archive)
     if md5 != data_md5:
       raise DataError('%s is already there but has md5 %s, expected %s. Remove it to '
                       'download it again, or pass --data_md5=%s if it is the copy you '
                       'want.' % (archive, md5, data_md5, md5))
     return
-  created = input_lib.make_data_dir(data_dir)
+  created = input_data.make_data_dir(data_dir)
   try:
-    input_lib.download(
+    input_data.download(
         data_url, archive, data_md5, expected_bytes, deadlines=deadlines,
-        limit=None if expected_bytes else input_lib.Limit(
+        limit=None if expected_bytes else input_data.Limit(
             OWN_COPY_MAX_BYTES, 'a copy of your own: OWN_COPY_MAX_BYTES in cifar10_input.py, '
             'twice the official archive'),
         offline_hint='To try the program without the data set: python cifar10_input.py '
                      '--write_sample=/tmp/cifar10_sample',
         mismatch_hint='If you trust this copy, pass its md5 as --data_md5.')
   except BaseException:
-    input_lib.remove_if_empty(data_dir, created)
+    input_data.remove_if_empty(data_dir, created)
     raise
 
 
 def _remove_leftovers(data_dir, name):
-  """Temporary names of killed downloads and extractions (see input_lib)."""
-  input_lib.remove_leftovers(data_dir, [
+  """Temporary names of killed downloads and extractions (see training/input_data.py)."""
+  input_data.remove_leftovers(data_dir, [
       re.escape(EXTRACT_PREFIX) + r'(\d+)-',
       re.escape('.%s.' % name) + r'(\d+)\..*\.part$'])
 
@@ -460,7 +460,7 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   """Training batches that repeat exactly, whatever the towers, and resume exactly.
 
   Each sample's record, crop, flip, brightness and contrast are fixed by
-  (seed, epoch, its position in the epoch) alone (input_lib.seeded_dataset). So a
+  (seed, epoch, its position in the epoch) alone (input_data.seeded_dataset). So a
   global batch holds the same images distorted the same way however it is split
   into towers. The records are held in memory (150 MB for CIFAR-10) so that any
   of them can be picked.
@@ -478,10 +478,10 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
   paths = [os.path.join(batches_dir(data_dir), f) for f in TRAIN_FILES]
   num_records = check_data_files(paths)
   with tf.device('/cpu:0'):
-    records = input_lib.records_variable(tf.concat(
+    records = input_data.records_variable(tf.concat(
         [tf.reshape(tf.io.decode_raw(tf.io.read_file(p), tf.uint8), [-1, RECORD_BYTES])
          for p in paths], axis=0), name='seeded_records')
-  dataset = input_lib.seeded_dataset(records, num_records, global_batch, seed, start_step,
+  dataset = input_data.seeded_dataset(records, num_records, global_batch, seed, start_step,
                                      num_uniforms=5, to_batch=_distort_seeded)
   return dataset, records.initializer
 
@@ -545,7 +545,7 @@ def inputs(eval_data, data_dir, batch_size):
 def synthetic_dataset(batch_size, seed=0):
   """Random standardised images and labels held in memory, for timing compute alone.
 
-  One batch is made once and repeated (input_lib.repeated_batch): no files, no
+  One batch is made once and repeated (input_data.repeated_batch): no files, no
   decoding. The same seed gives the same batch in every process.
 
   Returns:
@@ -556,7 +556,7 @@ def synthetic_dataset(batch_size, seed=0):
     labels = tf.random.stateless_uniform([batch_size], [seed, 1], minval=0, maxval=10,
                                          dtype=tf.int32)
     return images, labels
-  return input_lib.repeated_batch(make_batch)
+  return input_data.repeated_batch(make_batch)
 
 
 # ---- A small learnable sample in the real layout, for trying the program offline ----
@@ -646,7 +646,7 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
   for name, data in members:
     with open(os.path.join(data_dir, name), 'wb') as f:
       f.write(data)
-  return input_lib.md5_of(archive)
+  return input_data.md5_of(archive)
 
 
 def main(argv=None):

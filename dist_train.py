@@ -59,7 +59,7 @@ import data_sets
 from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, run_match,
                          task_cluster, worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from training import (checkpoints, errors, evaluation, inputs, mixed_precision,
+from training import (checkpoints, errors, evaluation, input_data, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
@@ -141,7 +141,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
     record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
                            sys.modules['multi_gpu_train'], flags_given)
               if run.is_chief else None)
-    epoch = inputs.examples_per_epoch(settings, data)
+    epoch = input_data.examples_per_epoch(settings, data)
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
       graph = build(run, mode, settings, worker, data, epoch, record)
@@ -237,7 +237,7 @@ def build(run, mode, settings, worker, data, epoch, record):
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
-      next_batch = inputs.worker_batches(data.input, settings.data_dir, settings.batch_size,
+      next_batch = input_data.worker_batches(data.input, settings.data_dir, settings.batch_size,
                                          settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     match = run_match.RunMatch(run_match.describe(settings, worker, data), run.num_workers,

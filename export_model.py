@@ -260,7 +260,7 @@ def newest_checkpoint(train_dir, data, went_away=None):
   while True:
     try:
       path = evaluation.latest_checkpoint(train_dir)
-    except evaluation.EvalError as e:
+    except errors.EvalError as e:
       raise ExportError(str(e)) from None
     if path is None:
       raise ExportError('no checkpoint in %s: nothing to export. Train first (%s '

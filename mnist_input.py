@@ -27,7 +27,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from training import input_lib
+from training import errors, input_data
 
 # ---- The data set, as published ------------------------------------------------
 DATA_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'  # TensorFlow's copy
@@ -52,7 +52,7 @@ SHUFFLE_BUFFER = 10000                # records (7.8 MB): a sixth of an epoch
 SAMPLE_TRAIN_RECORDS = 20000          # --write_sample: 10 epochs in the book's 1,000 steps x 2 towers
 SAMPLE_TEST_RECORDS = 1000
 
-DataError = input_lib.DataError
+DataError = errors.DataError
 
 
 # ---- Checking record files before a session -----------------------------------
@@ -76,7 +76,7 @@ def read_records(path):
 def train_records(data_dir):
   """Records in train.tfrecords, and that name: one epoch of training (the book's 60,000
   with the official files; a sample or your own file counts its own)."""
-  return sum(1 for _ in input_lib.tfrecords(os.path.join(data_dir, TRAIN_FILE))), TRAIN_FILE
+  return sum(1 for _ in input_data.tfrecords(os.path.join(data_dir, TRAIN_FILE))), TRAIN_FILE
 
 
 def check_records(path):
@@ -102,7 +102,7 @@ def _checked(path):
                     'and test.tfrecords, or remove them both to download and convert '
                     'MNIST again.' % path)
   count = 0
-  for count, record in enumerate(input_lib.tfrecords(path), 1):
+  for count, record in enumerate(input_data.tfrecords(path), 1):
     try:
       yield _parse(record)
     except ValueError as e:  # the record does not hold what it should
@@ -150,7 +150,7 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None, deadlines
     data_dir: str.
     data_url: str, the base URL of the four .gz files (default: TensorFlow's copy).
     data_md5: must be None: MNIST has four files with their own published md5s.
-    deadlines: input_lib.Deadlines of each download (default: input_lib's constants).
+    deadlines: input_data.Deadlines of each download (default: input_data's constants).
 
   Returns:
     dict record file name -> number of records.
@@ -163,14 +163,14 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None, deadlines
                     'their own published md5s. Drop --data_md5.')
   data_url = data_url or DATA_URL
   if os.path.isdir(data_dir):
-    input_lib.remove_leftovers(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
+    input_data.remove_leftovers(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
         re.escape(n) for n in list(SOURCES) + list(SPLITS))])
   for record_file, sources in SPLITS.items():
     path = os.path.join(data_dir, record_file)
     if not os.path.exists(path):
       for source in sources:
         _fetch(data_url.rstrip('/') + '/' + source, data_dir, source,
-               deadlines or input_lib.Deadlines())
+               deadlines or input_data.Deadlines())
       _convert(data_dir, sources, path)
   counts = {f: check_records(os.path.join(data_dir, f)) for f in SPLITS}
   print('MNIST in %s: %s' % (data_dir, ', '.join('%s %d records' % item
@@ -182,17 +182,17 @@ def _fetch(url, data_dir, source, deadlines):
   path = os.path.join(data_dir, source)
   size, md5 = SOURCES[source]
   if os.path.exists(path):
-    if input_lib.md5_of(path) != md5:
+    if input_data.md5_of(path) != md5:
       raise DataError('%s is already there but its md5 is not the published %s. Remove it '
                       'to download it again.' % (path, md5))
     return
-  created = input_lib.make_data_dir(data_dir)
+  created = input_data.make_data_dir(data_dir)
   try:
-    input_lib.download(url, path, md5, size, deadlines=deadlines, offline_hint=(
+    input_data.download(url, path, md5, size, deadlines=deadlines, offline_hint=(
         'To try the program without the data set: python mnist_input.py '
         '--write_sample=/tmp/mnist_sample'))
   except BaseException:
-    input_lib.remove_if_empty(data_dir, created)
+    input_data.remove_if_empty(data_dir, created)
     raise
 
 
@@ -245,7 +245,7 @@ def write_records(path, images, labels):
   Written under a temporary name in the same directory, then renamed: a reader
   never sees half a file.
   """
-  fd, tmp_path = input_lib.temp_file(os.path.dirname(path) or '.',
+  fd, tmp_path = input_data.temp_file(os.path.dirname(path) or '.',
                                      '.%s.%d.' % (os.path.basename(path), os.getpid()))
   os.close(fd)
   try:
@@ -306,7 +306,7 @@ def train_dataset(data_dir, batch_size):
 
 
 def seeded_dataset(data_dir, global_batch, seed, start_step=0):
-  """Training batches fixed by (seed, global step) alone (input_lib.seeded_dataset).
+  """Training batches fixed by (seed, global step) alone (input_data.seeded_dataset).
 
   The records are held in memory (47 MB for MNIST) so that any of them can be picked.
 
@@ -321,13 +321,13 @@ def seeded_dataset(data_dir, global_batch, seed, start_step=0):
     images, labels = _parse_batch(all_records)
     # One row per record, as CIFAR-10's: the label byte, then the pixels.
     rows = tf.concat([tf.cast(labels[:, None], tf.uint8), tf.cast(images, tf.uint8)], axis=1)
-    records = input_lib.records_variable(rows, name='seeded_records')
+    records = input_data.records_variable(rows, name='seeded_records')
 
   def to_batch(raw, uniforms):
     del uniforms  # the book's reader does not distort
     return _to_float(raw[:, 1:]), tf.cast(raw[:, 0], tf.int32)
 
-  dataset = input_lib.seeded_dataset(records, num_records, global_batch, seed, start_step,
+  dataset = input_data.seeded_dataset(records, num_records, global_batch, seed, start_step,
                                      num_uniforms=0, to_batch=to_batch)
   return dataset, records.initializer
 
@@ -352,14 +352,14 @@ def eval_dataset(eval_data, data_dir, batch_size):
 
 def synthetic_dataset(batch_size, seed=0):
   """Random pixels 0..255 and labels held in memory, for timing compute alone (one
-  batch made once and repeated: input_lib.repeated_batch)."""
+  batch made once and repeated: input_data.repeated_batch)."""
   def make_batch():
     pixels = tf.random.stateless_uniform([batch_size, IMAGE_PIXELS], [seed, 0], minval=0,
                                          maxval=256, dtype=tf.int32)
     labels = tf.random.stateless_uniform([batch_size], [seed, 1], minval=0,
                                          maxval=NUM_CLASSES, dtype=tf.int32)
     return tf.cast(pixels, tf.float32), labels
-  return input_lib.repeated_batch(make_batch)
+  return input_data.repeated_batch(make_batch)
 
 
 # ---- A small learnable sample, for trying the program offline ---------------------

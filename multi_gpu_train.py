@@ -34,7 +34,7 @@ import tensorflow as tf
 
 import cifar10
 import data_sets
-from training import (async_towers, checkpoints, directory, errors, inputs, mixed_precision,
+from training import (async_towers, checkpoints, directory, errors, input_data, mixed_precision,
                       placement, run_record, signals, startup, steps)
 from training import settings as trainer_settings
 from training.summaries import build_summaries, open_writer
@@ -249,15 +249,15 @@ def train(settings, stop=None, flag_values=None, flags_given=()):
       if changed:
         print(changed)
       return
-    epoch = inputs.examples_per_epoch(settings, data)
+    epoch = input_data.examples_per_epoch(settings, data)
     with tf.Graph().as_default():
       if settings.seed is not None:
         tf.compat.v1.set_random_seed(settings.seed)  # the initial weights
         if any(d.startswith('/gpu') for d in devices):  # CPU kernels repeat as they are
           exit_stack.enter_context(placement.op_determinism())
-      next_batch, input_init = inputs.input_pipeline(
+      next_batch, input_init = input_data.input_pipeline(
           settings.data_dir, settings.num_gpus, settings.batch_size, data.input,
-          settings.synthetic, settings.seed, inputs.first_batch(run))
+          settings.synthetic, settings.seed, input_data.first_batch(run))
       # --async_towers: each tower applies its own gradients (training/async_towers.py).
       build_graph = (functools.partial(async_towers.build, build_towers)
                      if settings.async_towers else build)

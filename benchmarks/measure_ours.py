@@ -14,7 +14,7 @@ import multi_gpu_train
 from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
                     weight_stats)
 import data_sets
-from training import inputs, placement
+from training import input_data, placement
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -42,11 +42,11 @@ def build_trainer(config):
   data = data_sets.DATASETS[config.get('dataset', 'cifar10')]
   devices, num_cpu_devices, where = placement.tower_devices(config['towers'])
   if config.get('seed') is not None:
-    next_batch, input_init = inputs.input_pipeline(
+    next_batch, input_init = input_data.input_pipeline(
         config['data_dir'], config['towers'], batch_size, data.input, seed=config['seed'])
   else:
     with tf.device('/cpu:0'):
-      dataset = inputs.train_dataset(data.input, config['data_dir'], batch_size,
+      dataset = input_data.train_dataset(data.input, config['data_dir'], batch_size,
                                      config['input'] == 'synthetic')
       if config['extra_prefetch']:
         dataset = dataset.prefetch(config['extra_prefetch'])

@@ -48,7 +48,7 @@ import tensorflow as tf
 from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
 
 from training.directory import parse_json
-from training.errors import one_line
+from training.errors import ClusterError, one_line
 
 SLURM_PORT_BASE = 8888   # a Slurm task listens on this + its index among its node's tasks
 SLURM_MAX_TASKS = 1 << 16  # more tasks in one step is a mistake, not a cluster to expand
@@ -88,10 +88,6 @@ SECURITY_WARNING = (
     'reading and writing files as this user. Firewall the ports of --ps_hosts and '
     '--worker_hosts. TensorFlow\'s own advice on running graphs over gRPC: '
     'https://github.com/tensorflow/tensorflow/blob/master/SECURITY.md')
-
-
-class ClusterError(Exception):
-  """The environment does not describe a cluster dist_train.py can run; one line."""
 
 
 # ---- Every cluster: one check, before anything is locked, written or served ------

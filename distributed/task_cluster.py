@@ -66,20 +66,20 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
     if source == 'slurm':
       cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
                                                         flag_values.slurm_port_base)
-      if isinstance(cluster, cluster_env.ClusterError):
+      if isinstance(cluster, errors.ClusterError):
         raise cluster
     elif source == 'jobset':
       cluster = cluster_env.from_jobset()
     else:
       cluster = cluster_env.from_tf_config()
       if cluster is None:
-        raise cluster_env.ClusterError(
+        raise errors.ClusterError(
             'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
             'it (Kubeflow\'s TFJob does) or give --job_name, --ps_hosts and --worker_hosts')
     cluster_env.check_agrees(cluster, **{
         name: flag_values[name].value for name in ('job_name', 'task_index', 'ps_hosts',
                                              'worker_hosts') if flag_values[name].present})
-  except cluster_env.ClusterError as e:
+  except errors.ClusterError as e:
     raise errors.TrainingError(str(e)) from None
   print(cluster.description)
   if cluster.job_name != 'evaluator':  # it serves nothing
@@ -107,7 +107,7 @@ def cluster_of_host_flags(flag_values):
     cluster = cluster_env.from_flags(
         flag_values.job_name, flag_values.task_index, flag_values.ps_hosts,
         flag_values.worker_hosts, flag_values.allow_nonloopback_hosts)
-  except cluster_env.ClusterError as e:
+  except errors.ClusterError as e:
     raise errors.TrainingError(str(e)) from None
   if local_cluster.DIE_WITH_LAUNCHER_ENV not in os.environ:  # else the launcher said it
     print(cluster_env.exposure_warning(cluster), flush=True)
@@ -145,7 +145,7 @@ def slurm_cluster_first(argv, flag_values):
     if flag_values.cluster != 'slurm':
       return None
     return cluster_env.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
-  except cluster_env.ClusterError as e:
+  except errors.ClusterError as e:
     return e
   finally:
     flag_values.unparse_flags()

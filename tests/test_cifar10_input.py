@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import cifar10_input
 import helpers
-from training import input_lib
+from training import input_data
 
 
 def _run(tensors):
@@ -310,8 +310,8 @@ def test_download_drip_or_silence_stops_at_its_deadline_and_leaves_nothing(tmp_p
   data_dir = tmp_path / 'data'
   # The drip: a byte every 0.2 s, never 1 s without one, for 20 s.
   chunks = helpers.drip(0.2, 100) if case == 'drip' else helpers.drip(20, 1)
-  deadlines = input_lib.Deadlines(total_secs=2, stall_secs=1) if case == 'drip' else (
-      input_lib.Deadlines(total_secs=60, stall_secs=1))
+  deadlines = input_data.Deadlines(total_secs=2, stall_secs=1) if case == 'drip' else (
+      input_data.Deadlines(total_secs=60, stall_secs=1))
   with helpers.serve_stream({'Content-Length': '100'}, chunks) as url:
     start = time.time()
     with pytest.raises(cifar10_input.DataError) as e:

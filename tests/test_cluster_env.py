@@ -10,6 +10,7 @@ import os
 import pytest
 
 from distributed import cluster_env
+from training import errors
 import helpers
 
 PS, CHIEF, W0, W1, EVAL = 'ps-0:2222', 'chief-0:2222', 'worker-0:2222', 'worker-1:2222', 'ev-0:2222'
@@ -165,7 +166,7 @@ GOOD = {'ps': [PS], 'worker': [W0]}
         'empty_worker', 'port_past_65535', 'no_port', 'chief_and_worker_one_host_port',
         'ps_and_worker_one_loopback_port'])
 def test_from_tf_config_broken_raises_one_line_naming_tf_config(text, named):
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_tf_config({'TF_CONFIG': text})
   message = str(raised.value)
   assert message.startswith('TF_CONFIG')
@@ -222,14 +223,14 @@ def test_from_slurm_reserved_ports_every_node_takes_them_over_the_base(tmp_path)
 def test_from_slurm_reserved_ports_too_few_or_malformed_one_line_naming_value(
     tmp_path, value, message):
   env = dict(slurm(0, tmp_path), SLURM_STEP_RESV_PORTS=value)
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_slurm(1, environ=env)
   assert str(raised.value) == message
 
 
 def test_from_slurm_port_base_plus_index_past_65535_raises_naming_the_flag(tmp_path):
   # 3 tasks on node7 listen on 65534, 65535 and 65536: the last is no port.
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_slurm(1, port_base=65534, environ=slurm(0, tmp_path))
   assert str(raised.value) == (
       '--slurm_port_base=65534 puts a task at node7:65536, past port 65535: each task listens '
@@ -252,7 +253,7 @@ def test_from_slurm_nvidia_smi_finds_gpus_resolver_sets_this_tasks(tmp_path):
 
 def test_from_slurm_fewer_gpus_than_tasks_raises_naming_tasks_per_node(tmp_path):
   fake_nvidia_smi(tmp_path, 2)
-  with pytest.raises(cluster_env.ClusterError, match=r'^SLURM_STEP_TASKS_PER_NODE puts 3 '
+  with pytest.raises(errors.ClusterError, match=r'^SLURM_STEP_TASKS_PER_NODE puts 3 '
                      r'tasks on a node with 2 GPUs'):
     cluster_env.from_slurm(1, environ=slurm(0, tmp_path))
 
@@ -287,7 +288,7 @@ def test_from_slurm_broken_raises_one_line_naming_variable(tmp_path, change, num
       del env[name]
     else:
       env[name] = value
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_slurm(num_ps, environ=env)
   message = str(raised.value)
   assert message.startswith(named)
@@ -306,7 +307,7 @@ def test_from_slurm_broken_raises_one_line_naming_variable(tmp_path, change, num
 ], ids=['nodelist', 'tasks_per_node', 'num_tasks'])
 def test_from_slurm_huge_lists_refused_in_one_line_before_expanding(tmp_path, change, named):
   env = dict(slurm(0, tmp_path), **change)
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     helpers.returns_within(10, cluster_env.from_slurm, 1, SLURM_PORT, env)
   assert str(raised.value).startswith(named) and '\n' not in str(raised.value)
 
@@ -318,7 +319,7 @@ SLURM_PORT = cluster_env.SLURM_PORT_BASE
 def test_from_tf_config_task_index_not_an_integer_refused_in_one_line(index):
   text = json.dumps({'cluster': {'ps': [PS], 'worker': [W0, W1]},
                      'task': {'type': 'worker', 'index': index}})
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_tf_config({'TF_CONFIG': text})
   assert str(raised.value).startswith('TF_CONFIG cannot be read as a cluster (its "task" '
                                       '"index" is %s, not a whole number)' % json.dumps(index))
@@ -326,7 +327,7 @@ def test_from_tf_config_task_index_not_an_integer_refused_in_one_line(index):
 
 def test_from_tf_config_nested_200000_deep_is_one_line_not_a_recursion_error():
   text = '{"cluster": {"ps": [%s]}}' % ('[' * 200000 + ']' * 200000)
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_tf_config({'TF_CONFIG': text})
   assert str(raised.value).startswith('TF_CONFIG is not JSON (nested more than 100 levels '
                                       'deep)')
@@ -412,7 +413,7 @@ def test_from_jobset_every_task_same_hosts_distinct_indexes():
         'two_jobs_per_role', 'no_ps', 'count_not_int', 'port_past_65535', 'port_not_int'])
 def test_from_jobset_broken_raises_one_line_naming_variable_value_and_fix(role, index, change,
                                                                           expected):
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.from_jobset(jobset(role, index, **change))
   assert str(raised.value) == expected
   assert '\n' not in expected
@@ -421,7 +422,7 @@ def test_from_jobset_broken_raises_one_line_naming_variable_value_and_fix(role, 
 def test_check_agrees_jobset_disagreeing_flag_names_the_jobset():
   cluster = cluster_env.from_jobset(jobset('worker', 1))
   cluster_env.check_agrees(cluster, job_name='worker', task_index=1, worker_hosts=JS_WORKERS)
-  with pytest.raises(cluster_env.ClusterError, match=r'^--task_index=0 disagrees with the '
+  with pytest.raises(errors.ClusterError, match=r'^--task_index=0 disagrees with the '
                      r'JobSet \(REPLICATED_JOB_NAME, JOB_COMPLETION_INDEX\), which makes this '
                      r'task worker 1; drop --task_index$'):
     cluster_env.check_agrees(cluster, task_index=0)
@@ -451,17 +452,17 @@ def test_check_agrees_same_values_pass():
 def test_check_agrees_tf_config_disagreeing_flag_raises_naming_both(flag, expected):
   cluster = cluster_env.from_tf_config(
       tf_config({'ps': [PS], 'chief': [CHIEF], 'worker': [W0]}, 'worker', 0))
-  with pytest.raises(cluster_env.ClusterError) as raised:
+  with pytest.raises(errors.ClusterError) as raised:
     cluster_env.check_agrees(cluster, **flag)
   assert str(raised.value) == expected
 
 
 def test_check_agrees_slurm_disagreeing_task_index_names_slurm_procid(tmp_path):
   cluster = cluster_env.from_slurm(1, environ=slurm(2, tmp_path))
-  with pytest.raises(cluster_env.ClusterError, match=r'^--task_index=0 disagrees with Slurm '
+  with pytest.raises(errors.ClusterError, match=r'^--task_index=0 disagrees with Slurm '
                      r'\(SLURM_PROCID\), which makes this task worker 1; drop --task_index$'):
     cluster_env.check_agrees(cluster, task_index=0)
-  with pytest.raises(cluster_env.ClusterError, match=r'SLURM_STEP_NODELIST'):
+  with pytest.raises(errors.ClusterError, match=r'SLURM_STEP_NODELIST'):
     cluster_env.check_agrees(cluster, ps_hosts='node7:2222')
 
 
@@ -478,7 +479,7 @@ def test_from_flags_good_lists_keep_order():
     ('127.0.0.1:65536', "'127.0.0.1:65536' is not host:port with a port 1..65535"),
     ('127.0.0.1:1,127.0.0.1:1', 'worker 0 and worker 1 are both at 127.0.0.1:1')])
 def test_from_flags_bad_worker_hosts_raises_naming_it(value, named):
-  with pytest.raises(cluster_env.ClusterError, match='^--worker_hosts') as error:
+  with pytest.raises(errors.ClusterError, match='^--worker_hosts') as error:
     cluster_env.from_flags('ps', 0, '127.0.0.1:2222', value)
   assert named in str(error.value)
 
@@ -494,14 +495,14 @@ def test_from_flags_bad_worker_hosts_raises_naming_it(value, named):
      'every task its own host:port'),
 ], ids=['same_entry', 'two_loopback_names'])
 def test_from_flags_ps_and_worker_at_one_host_port_raises_naming_both(ps, worker, expected):
-  with pytest.raises(cluster_env.ClusterError) as error:
+  with pytest.raises(errors.ClusterError) as error:
     cluster_env.from_flags('worker', 0, ps, worker)
   assert str(error.value) == expected
 
 
 @pytest.mark.parametrize('job_name, task_index', [('worker', 2), ('worker', -1), ('ps', 1)])
 def test_from_flags_task_index_outside_its_job_raises_naming_it(job_name, task_index):
-  with pytest.raises(cluster_env.ClusterError) as error:
+  with pytest.raises(errors.ClusterError) as error:
     cluster_env.from_flags(job_name, task_index, '127.0.0.1:2222',
                            '127.0.0.1:2223,127.0.0.1:2224')
   count = 1 if job_name == 'ps' else 2
@@ -517,7 +518,7 @@ def test_is_loopback_only_loopback_addresses_pass():
 
 
 def test_check_loopback_remote_worker_raises_with_reason_and_opt_in():
-  with pytest.raises(cluster_env.ClusterError) as error:
+  with pytest.raises(errors.ClusterError) as error:
     cluster_env.check_loopback(['127.0.0.1:2222'], ['127.0.0.1:2223', '192.168.1.7:2222'])
   message = str(error.value)
   for part in ('--worker_hosts names 192.168.1.7:2222', 'no authentication',

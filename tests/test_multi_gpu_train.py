@@ -13,7 +13,6 @@ import tensorflow as tf
 
 import cifar10
 import helpers
-from training import input_lib
 import multi_gpu_train
 from training import checkpoints
 from training import settings as trainer_settings
@@ -154,7 +153,7 @@ def _damaged_copy(sample, tmp_path, damage):
 @pytest.mark.parametrize('damage', sorted(DAMAGES))
 def test_bad_data_file_stops_with_message_before_training(sample, tmp_path, damage, capsys):
   damaged = _damaged_copy(sample, tmp_path, damage)
-  with pytest.raises(input_lib.DataError, match=re.escape(DAMAGES[damage])):
+  with pytest.raises(errors.DataError, match=re.escape(DAMAGES[damage])):
     multi_gpu_train.train(_settings(damaged, tmp_path / 't', max_steps=5))
   assert helpers.steps(helpers.LOSS_LINE, capsys.readouterr().out.splitlines()) == []
   assert not os.path.exists(tmp_path / 't')  # nothing created
@@ -177,7 +176,7 @@ def test_failed_download_leaves_no_directories(tmp_path):
   with socket.socket() as s:  # a free port on 127.0.0.1 that nothing listens on
     s.bind(('127.0.0.1', 0))
     url = 'http://127.0.0.1:%d/cifar-10-binary.tar.gz' % s.getsockname()[1]
-  with pytest.raises(input_lib.DataError) as raised:
+  with pytest.raises(errors.DataError) as raised:
     multi_gpu_train.train(helpers.trainer_settings(
         str(tmp_path / 'train'), str(tmp_path / 'data'), data_url=url, max_steps=5))
   assert str(raised.value).startswith('cannot download %s' % url)

@@ -13,7 +13,7 @@ import cifar10
 import cifar10_input
 import helpers
 import multi_gpu_train
-from training import inputs, onednn, summaries
+from training import input_data, onednn, summaries
 
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later
@@ -57,7 +57,7 @@ def test_same_seed_twice_identical_losses_and_checkpoints(sample, tmp_path):
 def _global_batches(sample, num_gpus, batch_size, steps, start_step=0):
   """The images and labels the towers of a seeded run see, joined in tower order."""
   with tf.Graph().as_default():
-    next_batch, init = inputs.input_pipeline(sample.dir, num_gpus, batch_size, cifar10_input,
+    next_batch, init = input_data.input_pipeline(sample.dir, num_gpus, batch_size, cifar10_input,
                                             seed=7, start_step=start_step)
     towers = [next_batch() for _ in range(num_gpus)]
     images = tf.concat([i for i, _ in towers], 0)

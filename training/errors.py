@@ -11,7 +11,6 @@ import re
 import signal
 import sys
 
-from training import input_lib
 from training import signals
 
 
@@ -28,6 +27,18 @@ class PeerGone(TrainingError):
   one_line_errors() exits PEER_GONE_EXIT_CODE for it, not 1, so that an
   orchestrator restarts the task instead of failing the job.
   """
+
+
+class DataError(Exception):
+  """The data set is missing, damaged or unsafe; the message says what to do."""
+
+
+class EvalError(Exception):
+  """Evaluation cannot go on; the message says why and what to do."""
+
+
+class ClusterError(Exception):
+  """The environment does not describe a cluster dist_train.py can run; one line."""
 
 
 class Stopped(Exception):
@@ -53,7 +64,7 @@ def one_line_errors():
   except PeerGone as e:
     print('error: %s' % e, file=sys.stderr, flush=True)
     sys.exit(PEER_GONE_EXIT_CODE)
-  except (TrainingError, input_lib.DataError) as e:
+  except (TrainingError, DataError) as e:
     sys.exit('error: %s' % e)
   except signals.Interrupted as e:  # before the first step (StopSignals.raising)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as below

@@ -17,16 +17,12 @@ import time
 from absl import flags
 import tensorflow as tf
 
-from training import input_lib
+from training import input_data
 from training import onednn
 from training import checkpoints, errors, settings, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
-
-
-class EvalError(Exception):
-  """Evaluation cannot go on; the message says why and what to do."""
 
 
 def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
@@ -70,13 +66,13 @@ def latest_checkpoint(checkpoint_dir):
   or copied) is read as the trainer reads it: the file of that name here first.
 
   Raises:
-    EvalError: a 'checkpoint' state file exists but cannot be parsed (TensorFlow
+    errors.EvalError: a 'checkpoint' state file exists but cannot be parsed (TensorFlow
       would silently report no checkpoint and this program would wait forever).
   """
   try:
     named = checkpoints.read_state_file(checkpoint_dir)
   except errors.TrainingError as e:
-    raise EvalError(str(e)) from None
+    raise errors.EvalError(str(e)) from None
   if named is None:
     return None
   notes = []
@@ -124,7 +120,7 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
         total_loss += batch_loss
         seen += len(batch_labels)
   if seen != num_records:
-    raise EvalError('scored %d records, expected %d' % (seen, num_records))
+    raise errors.EvalError('scored %d records, expected %d' % (seen, num_records))
   return true_count / seen, total_loss / seen, seen, step
 
 
@@ -133,8 +129,8 @@ Options = collections.namedtuple('Options', [
     'checkpoint_dir', 'eval_dir', 'data_dir', 'data_url', 'data_md5', 'eval_interval_secs',
     'batch_size', 'eval_data', 'run_once', 'use_moving_averages', 'download_timeout_secs',
     'download_stall_secs'],
-    defaults=('test', False, True, input_lib.DOWNLOAD_TIMEOUT_SECS,
-              input_lib.DOWNLOAD_STALL_SECS))
+    defaults=('test', False, True, input_data.DOWNLOAD_TIMEOUT_SECS,
+              input_data.DOWNLOAD_STALL_SECS))
 
 
 def main(options, model, data_input, trainer_command,
@@ -160,7 +156,7 @@ def main(options, model, data_input, trainer_command,
     data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None),
                        settings.deadlines(options))
     writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
-  except (EvalError, input_lib.DataError) as e:
+  except (errors.EvalError, errors.DataError) as e:
     sys.exit('error: %s' % e)
   except KeyboardInterrupt:  # it only reads the checkpoints: nothing to save
     print('Stopped by Ctrl-C.', file=sys.stderr, flush=True)
@@ -241,7 +237,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
   while True:
     path = latest_checkpoint(options.checkpoint_dir)
     if path is None and options.run_once:
-      raise EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s%s), or point '
+      raise errors.EvalError('no checkpoint in %s yet. Train first (%s --train_dir=%s%s), or point '
                       '--checkpoint_dir at the trainer\'s --train_dir.'
                       % (options.checkpoint_dir, trainer_command, options.checkpoint_dir,
                          _data_flags(options)))
@@ -258,7 +254,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do.
         if not checkpoints.rotated_away(path, went_away):
-          raise EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
+          raise errors.EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
                           'at the trainer\'s --train_dir.' % (
                               path, model.__name__, checkpoints.restore_error(e))) from None
         went_away = path

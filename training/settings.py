@@ -10,7 +10,7 @@ import typing
 
 from absl import flags
 
-from training import input_lib
+from training import input_data
 from training import onednn
 from training import placement
 
@@ -35,8 +35,8 @@ class Settings(typing.NamedTuple):
   synthetic: bool = False
   data_url: str = None
   data_md5: str = None
-  download_timeout_secs: int = input_lib.DOWNLOAD_TIMEOUT_SECS  # a whole download
-  download_stall_secs: int = input_lib.DOWNLOAD_STALL_SECS      # no byte for this long
+  download_timeout_secs: int = input_data.DOWNLOAD_TIMEOUT_SECS  # a whole download
+  download_stall_secs: int = input_data.DOWNLOAD_STALL_SECS      # no byte for this long
   seed: int = None                              # int >= 0: the run repeats exactly
   fresh: bool = False
   async_towers: bool = False
@@ -105,20 +105,20 @@ def define_trainer_flags(dataset_defaults, num_gpus, log_frequency, summary_step
 
 def define_download_flags(flag_values=flags.FLAGS):
   """How long a download of the data set may take: the trainers' and evaluators' flags."""
-  flags.DEFINE_integer('download_timeout_secs', input_lib.DOWNLOAD_TIMEOUT_SECS, 'Seconds a '
+  flags.DEFINE_integer('download_timeout_secs', input_data.DOWNLOAD_TIMEOUT_SECS, 'Seconds a '
                        'download of the data set may take in all before it stops.',
                        flag_values=flag_values)
-  flags.DEFINE_integer('download_stall_secs', input_lib.DOWNLOAD_STALL_SECS, 'Seconds a '
+  flags.DEFINE_integer('download_stall_secs', input_data.DOWNLOAD_STALL_SECS, 'Seconds a '
                        'download may wait for its next byte before it stops.',
                        flag_values=flag_values)
 
 
 def deadlines(values):
-  """The input_lib.Deadlines of a download, from Settings or parsed flags (either
-  missing: input_lib's constant, as for a caller's options without them)."""
-  return input_lib.Deadlines(
-      getattr(values, 'download_timeout_secs', input_lib.DOWNLOAD_TIMEOUT_SECS),
-      getattr(values, 'download_stall_secs', input_lib.DOWNLOAD_STALL_SECS))
+  """The input_data.Deadlines of a download, from Settings or parsed flags (either
+  missing: input_data's constant, as for a caller's options without them)."""
+  return input_data.Deadlines(
+      getattr(values, 'download_timeout_secs', input_data.DOWNLOAD_TIMEOUT_SECS),
+      getattr(values, 'download_stall_secs', input_data.DOWNLOAD_STALL_SECS))
 
 
 def _define_session_flags(flag_values):

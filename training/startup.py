@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from training import checkpoints
 from training import directory
-from training import input_lib
+from training import input_data
 from training import memory_check
 from training import mixed_precision
 from training import onednn
@@ -67,7 +67,7 @@ def prepare_data(settings, data_input, stop=None):
   if not settings.synthetic:
     with stop.raising() if stop else contextlib.nullcontext():
       data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5,
-                         input_lib.Deadlines(settings.download_timeout_secs,
+                         input_data.Deadlines(settings.download_timeout_secs,
                                              settings.download_stall_secs))
 
 

@@ -14,9 +14,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from training import input_lib
 from training import mixed_precision
-from training.errors import Stopped, TrainingError
+from training.errors import DataError, Stopped, TrainingError
 
 
 class _Never:
@@ -91,7 +90,7 @@ def stop_on_changed_data(check_files, save):
   theirs passes on unchanged.
 
   Args:
-    check_files: callable raising input_lib.DataError for a bad training file, or
+    check_files: callable raising DataError for a bad training file, or
       False (synthetic input, or records read once at start: nothing on disk to change).
     save: callable saving the variables; returns the words for what it saved.
   """
@@ -102,6 +101,6 @@ def stop_on_changed_data(check_files, save):
       raise
     try:
       check_files()
-    except input_lib.DataError as bad:
+    except DataError as bad:
       raise TrainingError('a data file changed during the run: %s %s' % (bad, save())) from None
     raise
