@@ -59,7 +59,7 @@ import data_sets
 from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, run_match,
                          task_cluster, worker_end, worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
-from training import (checkpoints, errors, evaluation, input_data, mixed_precision,
+from training import (checkpoints, errors, evaluation, input_data, machine, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
 from training import settings as trainer_settings
 
@@ -430,5 +430,5 @@ def check_flags(flag_values):
 if __name__ == '__main__':
   define_flags()
   slurm_cluster = task_cluster.slurm_cluster_first(sys.argv, FLAGS)  # sets CUDA_VISIBLE_DEVICES: before GPUs
-  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(functools.partial(main, slurm_cluster=slurm_cluster))

@@ -29,7 +29,7 @@ fails, or is stopped by Ctrl-C or SIGTERM, leaves nothing behind. Takes a few se
 import os
 import sys
 
-from training import onednn, prelude
+from training import machine, prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
   prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
@@ -48,7 +48,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
-from training import checkpoints, directory, errors, evaluation, placement, signals
+from training import checkpoints, directory, errors, evaluation, signals
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -100,7 +100,7 @@ def define_flags():
                        'refused, naming what is there: a directory without that record '
                        '(another program\'s SavedModel, an export of an older version), or '
                        'one holding files the record does not list.' % RECORD_FILE)
-  onednn.define_flag(__name__)
+  machine.define_flag(__name__)
 
 
 class ExportError(Exception):
@@ -532,5 +532,5 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

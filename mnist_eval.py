@@ -14,7 +14,7 @@ files. Results go to stdout and to TensorBoard event files in --eval_dir.
 """
 import sys
 
-from training import prelude
+from training import machine, prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
   prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
@@ -25,7 +25,6 @@ from absl import flags
 from training import evaluation
 import mnist
 import mnist_input
-from training import placement
 from training import errors
 
 # ---- Evaluation knobs: edit, save, rerun --------------------------------------
@@ -48,5 +47,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

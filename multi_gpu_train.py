@@ -34,8 +34,8 @@ import tensorflow as tf
 
 import cifar10
 import data_sets
-from training import (async_towers, checkpoints, directory, errors, input_data, mixed_precision,
-                      placement, run_record, signals, startup, steps)
+from training import (async_towers, checkpoints, directory, errors, input_data, machine,
+                      mixed_precision, placement, run_record, signals, startup, steps)
 from training import settings as trainer_settings
 from training.summaries import build_summaries, open_writer
 from training.updates import learning_rate, moving_averages, then_average
@@ -281,7 +281,9 @@ def train(settings, stop=None, flag_values=None, flags_given=()):
 def write_start(graph, run, settings, data, where, epoch, describe):
   """Once the graph is built and its step known to fit in memory: --fresh's move, the
   run record (describe(start_step)), the start-up lines. Returns the record."""
-  startup.check_memory(startup.step_fetches(graph, settings.async_towers), settings)
+  startup.check_memory(  # what the loop runs in one step, summaries included
+      (list(graph.train_ops) if settings.async_towers else [graph.train_op]) + [graph.loss] +
+      ([graph.summary_op] if graph.summary_op is not None else []), settings)
   if settings.fresh:
     directory.set_aside(settings.train_dir)
   record = describe(run.start_step)
@@ -428,5 +430,5 @@ def main(argv):
 
 if __name__ == '__main__':
   define_flags()
-  placement.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(main)

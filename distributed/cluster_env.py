@@ -462,7 +462,7 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
   - CUDA_VISIBLE_DEVICES unset and nvidia-smi found: the resolver shares the
     node's GPUs evenly among its tasks (the ps tasks too) and sets
     CUDA_VISIBLE_DEVICES. CALL THIS BEFORE ANYTHING ASKS TENSORFLOW FOR ITS
-    DEVICES (placement.list_gpus(), tf.config, a Server, a Session): CUDA
+    DEVICES (machine.list_gpus(), tf.config, a Server, a Session): CUDA
     reads CUDA_VISIBLE_DEVICES once, when TensorFlow first touches a GPU.
   - CUDA_VISIBLE_DEVICES already set (srun --gpus-per-task, or by hand): Slurm
     has chosen this task's GPUs; they are kept as they are.

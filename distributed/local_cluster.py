@@ -28,7 +28,7 @@ import time
 
 import data_sets
 from distributed import cluster_env
-from training import errors, memory_check, signals, startup
+from training import errors, machine, signals, startup
 from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -351,7 +351,7 @@ def check_memory(num_ps, num_workers, available_bytes):
 
   Args:
     num_ps, num_workers: ints, --local_cluster's P and W.
-    available_bytes: int, memory_check.memory_available(); None (not Linux) checks nothing.
+    available_bytes: int, machine.memory_available(); None (not Linux) checks nothing.
   """
   num_tasks = num_ps + num_workers
   needed = num_tasks * TASK_MEMORY_BYTES + LIBRARY_MEMORY_BYTES
@@ -420,7 +420,7 @@ def main(flag_values):
                                  'drop --%s' % name)
   try:
     num_ps, num_workers = parse_spec(flag_values.local_cluster)
-    check_memory(num_ps, num_workers, memory_check.memory_available())
+    check_memory(num_ps, num_workers, machine.memory_available())
     too_many = cluster_env.too_many_replicas(flag_values.replicas_to_aggregate, num_workers)
     if too_many:
       raise ValueError(too_many)

@@ -1,7 +1,7 @@
 """Where the variables live: dealt to the ps tasks by size, said at start-up."""
 import tensorflow as tf
 
-from training import memory_check
+from training import startup
 
 
 def replica_devices(cluster, task_index):
@@ -17,7 +17,7 @@ def replica_devices(cluster, task_index):
 
   def least_loaded(op):
     task = loads.index(min(loads))
-    loads[task] += memory_check.variable_bytes(op)
+    loads[task] += startup.variable_bytes(op)
     return task
   return tf.compat.v1.train.replica_device_setter(
       cluster=cluster, worker_device='/job:worker/task:%d' % task_index,
@@ -31,6 +31,6 @@ def bytes_by_ps_task(num_ps):
     return ''
   found = [0] * num_ps
   for var in tf.compat.v1.trainable_variables():
-    found[tf.DeviceSpec.from_string(var.device).task or 0] += memory_check.variable_bytes(var.op)
+    found[tf.DeviceSpec.from_string(var.device).task or 0] += startup.variable_bytes(var.op)
   return ' (%s)' % ', '.join('ps%d %.2f MB' % (task, size / 1e6)
                              for task, size in enumerate(found))

@@ -129,7 +129,7 @@ def slurm_cluster_first(argv, flag_values):
   """--cluster=slurm: the cluster, found before TensorFlow first looks for GPUs.
 
   SlurmClusterResolver sets this task's CUDA_VISIBLE_DEVICES, which CUDA reads
-  once, when TensorFlow first touches a GPU: placement.list_gpus() and absl's
+  once, when TensorFlow first touches a GPU: machine.list_gpus() and absl's
   app.run both do. So the flags are parsed here for this alone, then forgotten;
   app.run parses them again and refuses what is wrong.
 

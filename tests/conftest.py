@@ -15,7 +15,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
 import helpers  # noqa: E402  (after the paths it needs)
-from training import onednn  # noqa: E402
+from training import machine  # noqa: E402
 
 # The kernels of this process are the programs' kernels. A test that compares a
 # run in this process with a program's run (tests/test_dist_train.py's sync workers
@@ -24,7 +24,7 @@ from training import onednn  # noqa: E402
 # CPUs with AVX2 and no AVX512_VNNI, TensorFlow left oneDNN off here while every
 # program's --onednn=auto turned it on. TF_ENABLE_ONEDNN_OPTS set by the user still
 # wins, here and in every program the suite starts (.ci/run forces it each way).
-onednn.choose(['pytest'])
+machine.choose(['pytest'])
 
 # A suite started in the background by a script (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every program it starts: Python then installs no Ctrl-C

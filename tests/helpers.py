@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from training import machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bounds on waits that end long before them on a healthy run, loaded or not: a run
@@ -540,8 +541,7 @@ def one_train_step(num_towers, images, labels, start_values=None, model=None):
 def bfloat16_units():
   """training.mixed_precision.bfloat16_units_here(1): where it is not ok, --use_bf16
   is refused and the tests that train in bfloat16 are skipped, saying why."""
-  from training import mixed_precision
-  return mixed_precision.bfloat16_units_here(1)
+  return machine.bfloat16_units_here(1)
 
 
 # ---- A server on 127.0.0.1, for the download tests ---------------------------------------

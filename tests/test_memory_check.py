@@ -1,28 +1,6 @@
-"""memory_check.py: the step's memory from the graph, the memory free, the one-line stop.
-
-Calibration of estimate_step_bytes (training graphs with their summaries, synthetic
-input, towers on virtual CPU devices, TensorFlow 2.21 with oneDNN on, 2 cores of an
-AVX-512 EPYC): one process per row built the graph, opened a session and ran two
-steps. "Rise" is the peak RSS after them (VmHWM) minus the RSS just before the
-session opened (about 652 MB: Python, TensorFlow, the graph).
-
-    CIFAR-10         estimate   peak RSS   rise    used share (rise / estimate)
-      32 x 1           100 MB     722 MB     70 MB   0.70
-     128 x 1           298 MB     790 MB    138 MB   0.46
-     512 x 1          1094 MB    1038 MB    385 MB   0.35
-    1024 x 1          2155 MB    1411 MB    758 MB   0.35
-     256 x 2          1114 MB     996 MB    343 MB   0.31
-     128 x 4          1147 MB     943 MB    287 MB   0.25
-    MNIST
-   10000 x 1           177 MB     764 MB    113 MB   0.64
-   40000 x 1           671 MB    1028 MB    376 MB   0.56
-   10000 x 2           350 MB     809 MB    158 MB   0.45
-
-The CIFAR-10 estimate adds 2.07 MB per image (forward outputs and their gradients,
-all counted as if alive at once; LRN's elementwise temporaries are most of it); the
-measured step adds 0.7 MB per image, as TensorFlow frees each temporary once used.
-With tf.nn.lrn instead of cifar10.model.lrn the estimate was 1.19 MB per image and
-the rise the same within 10% (512 x 1: 420 MB; 1024 x 1: 755 MB).
+"""training/startup.py's memory check: the step's memory from the graph, the memory
+free, the one-line stop. How estimate_step_bytes was calibrated, and the shares its
+margin (startup.USED_SHARE_OF_COUNTED) rests on: docs/faults.md, "A step too large".
 """
 import os
 import re
@@ -33,10 +11,8 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from training import memory_check
 import multi_gpu_train
-from training import directory, errors
-from training import startup
+from training import directory, errors, machine, startup
 
 GB = 10 ** 9
 # Images per tower whose step is counted at about 2 PB (2.07 MB each): more memory than
@@ -54,10 +30,11 @@ def _train_step_estimate(batch_size, num_towers=1):
       return tf.zeros([batch_size, 24, 24, 3]), tf.zeros([batch_size], tf.int32)
     graph = multi_gpu_train.build(next_batch, ['/cpu:%d' % i for i in range(num_towers)],
                                   batch_size, 50000)
-    fetches = startup.step_fetches(graph, async_towers=False)
+    fetches = [graph.train_op, graph.loss] + ([graph.summary_op] if graph.summary_op is
+                                              not None else [])
     variable_bytes = sum(v.shape.num_elements() * v.dtype.base_dtype.size
                          for v in tf.compat.v1.global_variables())
-    return memory_check.estimate_step_bytes(fetches), variable_bytes
+    return startup.estimate_step_bytes(fetches), variable_bytes
 
 
 # ---- estimate_step_bytes --------------------------------------------------------
@@ -75,9 +52,9 @@ def test_estimate_step_bytes_tiny_graph_is_exact():
     unknown = tf.compat.v1.placeholder(tf.float32, [None, 3])         # not fully defined: 0
     fetches = [loss, tf.reduce_sum(unknown)]                          # 4; axes: 8
     expected = (48 + 24 + 32 + 4 + 4 + 4 + (96 + 96 + 8) + (8 + 4 + 4 + 8) + (4 + 8))
-    assert memory_check.estimate_step_bytes(fetches) == expected == 352
+    assert startup.estimate_step_bytes(fetches) == expected == 352
     # The whole graph also holds w's initializer: its random values and the ops making them.
-    assert memory_check.estimate_step_bytes(tf.compat.v1.get_default_graph()) >= expected + 48
+    assert startup.estimate_step_bytes(tf.compat.v1.get_default_graph()) >= expected + 48
 
 
 def test_estimate_step_bytes_device_type_counts_only_that_device():
@@ -87,9 +64,9 @@ def test_estimate_step_bytes_device_type_counts_only_that_device():
     with tf.device('/cpu:0'):
       on_cpu = tf.reduce_sum(on_gpu)                                # 4; axes: 4
     unplaced = on_cpu * 2.0                                         # 4 + 4: the host's
-    assert memory_check.estimate_step_bytes([unplaced], 'GPU') == 8004
-    assert memory_check.estimate_step_bytes([unplaced], 'CPU') == 16
-    assert memory_check.estimate_step_bytes([unplaced]) == 8004 + 16
+    assert startup.estimate_step_bytes([unplaced], 'GPU') == 8004
+    assert startup.estimate_step_bytes([unplaced], 'CPU') == 16
+    assert startup.estimate_step_bytes([unplaced]) == 8004 + 16
 
 
 def test_estimate_step_bytes_double_batch_doubles_activations():
@@ -117,27 +94,27 @@ def test_estimate_step_bytes_towers_add_their_activations():
 
 def test_check_step_fits_too_large_names_batch_estimate_and_available():
   with pytest.raises(errors.TrainingError) as raised:
-    memory_check.check_step_fits(int(102 * GB), int(21.3 * GB), 100000, 1)  # 0.6 x 102
+    startup.check_step_fits(int(102 * GB), int(21.3 * GB), 100000, 1)  # 0.6 x 102
   assert str(raised.value) == (
       'one step at --batch_size=100000 x 1 towers needs about 61.2 GB of memory '
       '(activations and gradients, estimated from the graph), and this machine has '
       '21.3 GB available. Lower --batch_size.')
   with pytest.raises(errors.TrainingError, match=r'x 4 towers needs about 900 MB .* '
                      r'has 500 MB available\. Lower --batch_size or --num_gpus\.$'):
-    memory_check.check_step_fits(1500 * 10 ** 6, 500 * 10 ** 6, 128, 4)
+    startup.check_step_fits(1500 * 10 ** 6, 500 * 10 ** 6, 128, 4)
 
 
 def test_check_step_fits_needed_just_above_available_refuses():
   available = 6 * GB  # a step counted at 10 GB needs 0.6 x 10 = 6 GB: it fits exactly
-  memory_check.check_step_fits(10 * GB, available, 128, 1)
+  startup.check_step_fits(10 * GB, available, 128, 1)
   with pytest.raises(errors.TrainingError):
-    memory_check.check_step_fits(10 * GB + 2, available, 128, 1)
+    startup.check_step_fits(10 * GB + 2, available, 128, 1)
 
 
 def test_check_step_fits_128_x_4_towers_with_2_gb_free_passes():
   estimate, _ = _train_step_estimate(128, num_towers=4)
   assert 500 * 10 ** 6 < estimate < 1.5 * GB  # measured: 287 MB more peak RSS for the step
-  memory_check.check_step_fits(estimate, 2 * GB, 128, 4)
+  startup.check_step_fits(estimate, 2 * GB, 128, 4)
 
 
 def test_check_step_fits_huge_batch_on_this_machine_refuses():
@@ -145,12 +122,12 @@ def test_check_step_fits_huge_batch_on_this_machine_refuses():
   assert estimate > 2 * 10 ** 15  # 2.07 MB per image, as measured at 64 .. 256 above
   with pytest.raises(errors.TrainingError,
                      match='^one step at --batch_size=%d x 1' % HUGE_BATCH):
-    memory_check.check_step_fits(estimate, memory_check.memory_available() or 24 * GB,
+    startup.check_step_fits(estimate, machine.memory_available() or 24 * GB,
                                  HUGE_BATCH, 1)
 
 
 def test_check_step_fits_unknown_memory_checks_nothing():
-  memory_check.check_step_fits(10 ** 15, None, 100000, 1)
+  startup.check_step_fits(10 ** 15, None, 100000, 1)
 
 
 # ---- memory_available -----------------------------------------------------------
@@ -170,7 +147,7 @@ def _meminfo(tmp_path, available_kb):
 def test_memory_available_on_linux_is_positive_and_below_total():
   with open('/proc/meminfo') as f:
     total = int(f.readline().split()[1]) * 1024  # MemTotal, the first line
-  assert 0 < memory_check.memory_available() <= total
+  assert 0 < machine.memory_available() <= total
 
 
 def test_memory_available_cgroup_v2_limit_below_machine_is_limit_minus_working_set(tmp_path):
@@ -180,7 +157,7 @@ def test_memory_available_cgroup_v2_limit_below_machine_is_limit_minus_working_s
   _write(root / 'memory.stat', 'anon 1\nfile 600000000\ninactive_file 500000000\n')
   proc = _write(tmp_path / 'proc_cgroup', '0::/\n')
   # 2 GB - (1.5 GB used - 0.5 GB of page cache the kernel can drop) = 1 GB
-  assert memory_check.memory_available(_meminfo(tmp_path, 8 * 10 ** 6), str(root),
+  assert machine.memory_available(_meminfo(tmp_path, 8 * 10 ** 6), str(root),
                                        proc) == 1 * GB
 
 
@@ -193,7 +170,7 @@ def test_memory_available_cgroup_v1_parent_limit_binds(tmp_path):
   _write(memory / 'jobs' / 'box' / 'memory.usage_in_bytes', '%d\n' % GB)
   _write(memory / 'jobs' / 'box' / 'memory.stat', 'cache 1\ntotal_inactive_file 0\n')
   proc = _write(tmp_path / 'proc_cgroup', '5:pids:/\n4:memory:/jobs/box\n0::/\n')
-  assert memory_check.memory_available(_meminfo(tmp_path, 8 * 10 ** 6),
+  assert machine.memory_available(_meminfo(tmp_path, 8 * 10 ** 6),
                                        str(tmp_path / 'cgroup'), proc) == 2 * GB
 
 
@@ -202,13 +179,13 @@ def test_memory_available_no_cgroup_limit_is_meminfo(tmp_path):
   _write(root / 'memory.max', 'max\n')
   _write(root / 'memory.current', '%d\n' % GB)
   proc = _write(tmp_path / 'proc_cgroup', '0::/\n')
-  assert memory_check.memory_available(_meminfo(tmp_path, 1234), str(root),
+  assert machine.memory_available(_meminfo(tmp_path, 1234), str(root),
                                        proc) == 1234 * 1024
 
 
 def test_memory_available_nothing_readable_is_none(tmp_path):
   missing = str(tmp_path / 'missing')
-  assert memory_check.memory_available(missing, missing, missing) is None
+  assert machine.memory_available(missing, missing, missing) is None
 
 
 # ---- The trainers ---------------------------------------------------------------

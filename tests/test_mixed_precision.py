@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-from training import errors, evaluation, onednn, placement
+from training import errors, evaluation, machine
 import helpers
 from training import mixed_precision
 import mnist
@@ -665,10 +665,10 @@ def test_bfloat16_units_fake_cpuinfo_without_avx512_bf16_has_none(tmp_path):
   cpuinfo = tmp_path / 'cpuinfo'
   flags = 'processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni%s\n'
   cpuinfo.write_text(flags % '')
-  without = onednn.cpu_flags(str(cpuinfo))
+  without = machine.cpu_flags(str(cpuinfo))
   cpuinfo.write_text(flags % ' avx512_bf16')
-  with_bf16 = onednn.cpu_flags(str(cpuinfo))
-  units = mixed_precision.bfloat16_units
+  with_bf16 = machine.cpu_flags(str(cpuinfo))
+  units = machine.bfloat16_units
   assert units(False, [], without, True) == (False, 'this CPU has no bfloat16 units (no '
                                              'avx512_bf16 or amx_bf16 in /proc/cpuinfo), and '
                                              'emulated bfloat16 runs slower than float32')
@@ -688,9 +688,9 @@ def test_trainer_bf16_cpu_without_bfloat16_units_refused_nothing_written(tmp_pat
                                                                         monkeypatch):
   cpuinfo = tmp_path / 'cpuinfo'
   cpuinfo.write_text('processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n')
-  cpu_flags = onednn.cpu_flags
-  monkeypatch.setattr(onednn, 'cpu_flags', lambda path=str(cpuinfo): cpu_flags(path))
-  monkeypatch.setattr(placement, 'list_gpus', lambda: [])  # the towers on the CPU
+  cpu_flags = machine.cpu_flags
+  monkeypatch.setattr(machine, 'cpu_flags', lambda path=str(cpuinfo): cpu_flags(path))
+  monkeypatch.setattr(machine, 'list_gpus', lambda: [])  # the towers on the CPU
   with pytest.raises(errors.TrainingError) as raised:
     _train_bf16(tmp_path / 'train', None, synthetic=True)
   assert str(raised.value) == (

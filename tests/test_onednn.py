@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import helpers
-from training import onednn
+from training import machine
 AVX2_ONLY = {'fpu', 'sse4_2', 'avx', 'avx2', 'fma'}  # this project's AMD EPYC
 TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own INFO, at import
 
@@ -19,88 +19,88 @@ TF_ONEDNN_LINE = 'oneDNN custom operations are on'   # TensorFlow's own INFO, at
 @pytest.fixture(autouse=True)
 def fresh_choice(monkeypatch):
   """Each test decides anew: choose() keeps its first answer for the process."""
-  monkeypatch.setattr(onednn, '_chosen', None)
+  monkeypatch.setattr(machine, '_chosen', None)
 
 
 def test_decide_user_env_wins_over_flag_and_says_so():
-  choice = onednn.decide('on', {onednn.ENV: '0'}, 'x86_64', AVX2_ONLY)
-  assert choice == onednn.Choice(False, 'environment', 'TF_ENABLE_ONEDNN_OPTS=0 set in the '
+  choice = machine.decide('on', {machine.ENV: '0'}, 'x86_64', AVX2_ONLY)
+  assert choice == machine.Choice(False, 'environment', 'TF_ENABLE_ONEDNN_OPTS=0 set in the '
                                  'environment, which wins over --onednn=on')
-  assert onednn.decide('auto', {onednn.ENV: '1'}, 'aarch64', set()).on is True
+  assert machine.decide('auto', {machine.ENV: '1'}, 'aarch64', set()).on is True
 
 
 def test_decide_flag_without_env_is_the_flag():
-  assert onednn.decide('off', {}, 'x86_64', AVX2_ONLY) == onednn.Choice(False, 'flag',
+  assert machine.decide('off', {}, 'x86_64', AVX2_ONLY) == machine.Choice(False, 'flag',
                                                                          '--onednn=off')
-  assert onednn.decide('on', {}, 'x86_64', set()).on is True
+  assert machine.decide('on', {}, 'x86_64', set()).on is True
 
 
 def test_decide_auto_avx2_without_vnni_is_on_as_measured():
-  choice = onednn.decide('auto', {}, 'x86_64', AVX2_ONLY)
+  choice = machine.decide('auto', {}, 'x86_64', AVX2_ONLY)
   assert choice.on is True and choice.how == 'auto'
   assert choice.why == ('auto, measured %.1fx faster for the CIFAR-10 model on CPUs with AVX2 and '
-                        'without AVX512_VNNI (benchmarks/benchmark.py)' % onednn.MEASURED_SPEEDUP)
+                        'without AVX512_VNNI (benchmarks/benchmark.py)' % machine.MEASURED_SPEEDUP)
 
 
 def test_decide_auto_vnni_or_amx_is_tensorflows_own_on():
-  choice = onednn.decide('auto', {}, 'x86_64', AVX2_ONLY | {'avx512_vnni', 'amx_tile'})
-  assert choice == onednn.Choice(True, 'auto', 'auto, TensorFlow\'s default on CPUs with '
+  choice = machine.decide('auto', {}, 'x86_64', AVX2_ONLY | {'avx512_vnni', 'amx_tile'})
+  assert choice == machine.Choice(True, 'auto', 'auto, TensorFlow\'s default on CPUs with '
                                  'AMX_TILE/AVX512_VNNI')
 
 
 def test_decide_auto_without_avx2_or_not_x86_leaves_tensorflows_default():
-  assert onednn.decide('auto', {}, 'x86_64', {'sse4_2', 'avx'}).on is False
-  choice = onednn.decide('auto', {}, 'aarch64', {'asimd'})
+  assert machine.decide('auto', {}, 'x86_64', {'sse4_2', 'avx'}).on is False
+  choice = machine.decide('auto', {}, 'aarch64', {'asimd'})
   assert choice.on is None and 'TensorFlow\'s default on aarch64' in choice.why
 
 
 def test_choose_with_seed_takes_the_same_choice_as_without():
-  seeded = onednn.choose(['prog', '--seed', '7'], {}, tensorflow_imported=False)
-  assert seeded == onednn.decide('auto', {}, onednn.platform.machine(), onednn.cpu_flags())
+  seeded = machine.choose(['prog', '--seed', '7'], {}, tensorflow_imported=False)
+  assert seeded == machine.decide('auto', {}, machine.platform.machine(), machine.cpu_flags())
 
 
 def test_decide_value_set_by_the_parent_program_is_not_the_users():
   # A --local_cluster task inherits what its launcher chose: it decides again, alike.
-  parent = {onednn.ENV: '1', onednn.SET_HERE_ENV: '1'}
-  assert onednn.decide('off', parent, 'x86_64', AVX2_ONLY) == onednn.Choice(
+  parent = {machine.ENV: '1', machine.SET_HERE_ENV: '1'}
+  assert machine.decide('off', parent, 'x86_64', AVX2_ONLY) == machine.Choice(
       False, 'flag', '--onednn=off')
 
 
 def test_flag_value_both_forms_last_wins_bad_value_left_to_absl():
-  assert onednn.flag_value(['prog', '--onednn=off']) == 'off'
-  assert onednn.flag_value(['prog', '--onednn', 'on', '--num_gpus=2']) == 'on'
-  assert onednn.flag_value(['prog', '--onednn=on', '--onednn=off']) == 'off'
-  assert onednn.flag_value(['prog', '--onednn=maybe']) == 'auto'  # absl refuses it, by name
-  assert onednn.flag_value(['prog', '--', '--onednn=off']) == 'auto'
-  assert onednn.flag_value(['prog']) == 'auto'
+  assert machine.flag_value(['prog', '--onednn=off']) == 'off'
+  assert machine.flag_value(['prog', '--onednn', 'on', '--num_gpus=2']) == 'on'
+  assert machine.flag_value(['prog', '--onednn=on', '--onednn=off']) == 'off'
+  assert machine.flag_value(['prog', '--onednn=maybe']) == 'auto'  # absl refuses it, by name
+  assert machine.flag_value(['prog', '--', '--onednn=off']) == 'auto'
+  assert machine.flag_value(['prog']) == 'auto'
 
 
 def test_choose_before_import_sets_env_and_marks_it_ours():
   environ = {}
-  choice = onednn.choose(['prog', '--onednn=off'], environ, tensorflow_imported=False)
-  assert environ == {onednn.ENV: '0', onednn.SET_HERE_ENV: '0'}
-  assert onednn.choose(['prog', '--onednn=on'], environ) is choice  # the first call decides
+  choice = machine.choose(['prog', '--onednn=off'], environ, tensorflow_imported=False)
+  assert environ == {machine.ENV: '0', machine.SET_HERE_ENV: '0'}
+  assert machine.choose(['prog', '--onednn=on'], environ) is choice  # the first call decides
 
 
 def test_choose_user_env_is_left_alone():
-  environ = {onednn.ENV: '1'}
-  assert onednn.choose(['prog', '--onednn=off'], environ, tensorflow_imported=False).on
-  assert environ == {onednn.ENV: '1'}
+  environ = {machine.ENV: '1'}
+  assert machine.choose(['prog', '--onednn=off'], environ, tensorflow_imported=False).on
+  assert environ == {machine.ENV: '1'}
 
 
 def test_choose_after_tensorflow_import_sets_nothing_and_says_so():
-  environ = {onednn.ENV: '0'}
-  choice = onednn.choose(['prog', '--onednn=on'], environ, tensorflow_imported=True)
-  assert environ == {onednn.ENV: '0'}
-  assert choice == onednn.Choice(False, 'imported',
+  environ = {machine.ENV: '0'}
+  choice = machine.choose(['prog', '--onednn=on'], environ, tensorflow_imported=True)
+  assert environ == {machine.ENV: '0'}
+  assert choice == machine.Choice(False, 'imported',
                                  'TF_ENABLE_ONEDNN_OPTS=0 when TensorFlow was imported')
 
 
 def test_start_line_and_record_name_setting_and_reason():
-  choice = onednn.Choice(True, 'flag', '--onednn=on')
-  assert onednn.start_line(choice) == 'oneDNN on: --onednn=on'
-  assert onednn.record(choice) == dict(on=True, how='flag', why='--onednn=on')
-  assert onednn.start_line(onednn.Choice(None, 'auto', 'x')) == 'oneDNN as TensorFlow decides: x'
+  choice = machine.Choice(True, 'flag', '--onednn=on')
+  assert machine.start_line(choice) == 'oneDNN on: --onednn=on'
+  assert machine.record(choice) == dict(on=True, how='flag', why='--onednn=on')
+  assert machine.start_line(machine.Choice(None, 'auto', 'x')) == 'oneDNN as TensorFlow decides: x'
 
 
 # ---- The programs, in subprocesses: TensorFlow reads the setting at import ----------
@@ -109,7 +109,7 @@ def _run(program, *args, env=None):
   """program, as a user runs it, with TF_ENABLE_ONEDNN_OPTS only as env gives it, and
   TF_CPP_MIN_LOG_LEVEL=0: TensorFlow's INFO notice then says what it read."""
   done = helpers.run([program] + list(args), env=helpers.user_env(**dict(
-      {onednn.ENV: None, onednn.SET_HERE_ENV: None, 'TF_CPP_MIN_LOG_LEVEL': '0'},
+      {machine.ENV: None, machine.SET_HERE_ENV: None, 'TF_CPP_MIN_LOG_LEVEL': '0'},
       **(env or {}))))
   assert done.code == 0, done.log()
   return done
@@ -131,21 +131,21 @@ def test_trainer_startup_flag_env_and_default_reach_tensorflow_and_the_record(tm
   assert _record(tmp_path / 'off')['onednn'] == dict(on=False, how='flag', why='--onednn=off')
 
   env = _run('multi_gpu_train.py', '--onednn=off', '--train_dir=%s' % (tmp_path / 'env'),
-             *tiny, env={onednn.ENV: '1'})
+             *tiny, env={machine.ENV: '1'})
   assert ('oneDNN on: TF_ENABLE_ONEDNN_OPTS=1 set in the environment, which wins over '
           '--onednn=off\n') in env.out
   assert TF_ONEDNN_LINE in env.err, env.log()
   assert _record(tmp_path / 'env')['onednn']['how'] == 'environment'
 
   default = _run('multi_gpu_train.py', '--train_dir=%s' % (tmp_path / 'auto'), *tiny)
-  expected = onednn.decide('auto', {}, onednn.platform.machine(), onednn.cpu_flags())
-  assert onednn.start_line(expected) + '\n' in default.out, default.log()
+  expected = machine.decide('auto', {}, machine.platform.machine(), machine.cpu_flags())
+  assert machine.start_line(expected) + '\n' in default.out, default.log()
   assert (TF_ONEDNN_LINE in default.err) == bool(expected.on)
-  assert _record(tmp_path / 'auto')['onednn'] == onednn.record(expected)
+  assert _record(tmp_path / 'auto')['onednn'] == machine.record(expected)
 
   seeded = _run('multi_gpu_train.py', '--seed=3', '--train_dir=%s' % (tmp_path / 'seed'),
                 *tiny)
-  assert onednn.start_line(expected) + '\n' in seeded.out, seeded.log()  # --seed chooses alike
+  assert machine.start_line(expected) + '\n' in seeded.out, seeded.log()  # --seed chooses alike
   assert (TF_ONEDNN_LINE in seeded.err) == bool(expected.on)
 
 

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
-from training import placement
+from training import machine, placement
 
 NO_DRIVER = not glob.glob('/dev/nvidia[0-9]*')
 INSTALL = 'pip install "tensorflow[and-cuda]==%s"' % tf.__version__
@@ -24,21 +24,21 @@ def test_cuda_advice_machine_without_gpus_says_nothing(tmp_path):
   for visible in (None, '', '-1'):
     environ = {'PATH': str(tmp_path)} if visible is None else {
         'PATH': str(tmp_path), 'CUDA_VISIBLE_DEVICES': visible}
-    assert placement.cuda_advice(environ, built_with_cuda=False) == ''
-    assert placement.machine_gpus(environ) == 0
+    assert machine.cuda_advice(environ, built_with_cuda=False) == ''
+    assert machine.machine_gpus(environ) == 0
 
 
 def test_cuda_advice_gpus_and_tensorflow_without_cuda_says_what_to_install(tmp_path):
   environ = {'PATH': _path_with_gpus(tmp_path, 2)}
-  assert placement.machine_gpus(environ) == 2
-  assert placement.cuda_advice(environ, built_with_cuda=False) == (
+  assert machine.machine_gpus(environ) == 2
+  assert machine.cuda_advice(environ, built_with_cuda=False) == (
       'nvidia-smi lists 2 GPU(s), but this TensorFlow is built without CUDA: for NVIDIA GPUs '
       'on Linux, %s (README "GPUs")' % INSTALL)
 
 
 def test_cuda_advice_gpus_and_a_cuda_build_that_finds_none_names_its_libraries(tmp_path):
   environ = {'PATH': _path_with_gpus(tmp_path, 1)}
-  advice = placement.cuda_advice(environ, built_with_cuda=True)
+  advice = machine.cuda_advice(environ, built_with_cuda=True)
   assert advice.startswith('nvidia-smi lists 1 GPU(s), but TensorFlow finds none: %s brings '
                            'the CUDA ' % INSTALL), advice
   assert 'TF_CPP_MIN_LOG_LEVEL=0 shows what it found' in advice
@@ -46,7 +46,7 @@ def test_cuda_advice_gpus_and_a_cuda_build_that_finds_none_names_its_libraries(t
 
 @pytest.mark.skipif(not NO_DRIVER, reason='this machine has an NVIDIA driver')
 def test_cuda_advice_cuda_visible_devices_set_counts_as_asking_for_gpus(tmp_path):
-  advice = placement.cuda_advice({'PATH': str(tmp_path), 'CUDA_VISIBLE_DEVICES': '0,1'},
+  advice = machine.cuda_advice({'PATH': str(tmp_path), 'CUDA_VISIBLE_DEVICES': '0,1'},
                                  built_with_cuda=False)
   assert advice.startswith('CUDA_VISIBLE_DEVICES=0,1 names GPUs, but this TensorFlow is built '
                            'without CUDA: '), advice

@@ -13,7 +13,7 @@ import cifar10
 import cifar10_input
 import helpers
 import multi_gpu_train
-from training import input_data, onednn, summaries
+from training import input_data, machine, summaries
 
 # 2 x 32 or 4 x 16 against 1 x 64 images: the same data, summed in a different order.
 # Measured over the first 4 steps, oneDNN on and off: at most 3.3e-6 in the loss. Later
@@ -90,7 +90,7 @@ def _cli_seeded_run(sample, train_dir, num_gpus, batch_size, onednn_flag):
   done = helpers.run(_cli(sample, train_dir, '--num_gpus=%d' % num_gpus,
                           '--batch_size=%d' % batch_size, '--summary_steps=1',
                           '--max_steps=%d' % STEPS_TO_COMPARE, '--onednn=' + onednn_flag),
-                     env=helpers.user_env(**{onednn.ENV: None, onednn.SET_HERE_ENV: None}))
+                     env=helpers.user_env(**{machine.ENV: None, machine.SET_HERE_ENV: None}))
   assert done.code == 0, done.log()
   assert 'oneDNN %s: --onednn=%s' % (onednn_flag, onednn_flag) in done.out, done.log()
   return _losses(train_dir), helpers.checkpoint(train_dir)

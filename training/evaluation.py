@@ -17,8 +17,7 @@ import time
 from absl import flags
 import tensorflow as tf
 
-from training import input_data
-from training import onednn
+from training import input_data, machine
 from training import checkpoints, errors, settings, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
@@ -54,7 +53,7 @@ def define_flags(checkpoint_dir, eval_dir, data_dir, data_url, batch_size,
                        'Seconds between evaluations.')
   flags.DEFINE_boolean('run_once', False, 'Evaluate the latest checkpoint once and exit.')
   flags.DEFINE_integer('batch_size', batch_size, 'Images per batch.')
-  onednn.define_flag(__name__)
+  machine.define_flag(__name__)
   flags.DEFINE_boolean('use_moving_averages', True, 'Restore the moving averages of the '
                        'weights (as the tutorial and the book); false: the raw values.')
 
@@ -147,7 +146,7 @@ def main(options, model, data_input, trainer_command,
   check_flags(options)
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
-  print(onednn.start_line())
+  print(machine.start_line())
   # A file-size limit then fails the event write, which SummaryWriter reports once and
   # the scoring goes on, instead of killing the program without a word (as the trainers).
   signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -47,8 +47,7 @@ import collections
 
 import tensorflow as tf
 
-from training import onednn
-from training import placement
+from training import machine
 
 # ---- Loss-scale knobs ------------------------------------------------------
 INITIAL_LOSS_SCALE = 2.0 ** 15    # 32768: the loss is multiplied by this at step 0
@@ -56,8 +55,7 @@ LOSS_SCALE_PERIOD = 2000          # clean steps in a row after which the scale d
 MIN_LOSS_SCALE = 1.0              # halving on overflow stops here
 LOSS_SCALE_SCOPE = 'loss_scale'   # variable scope of the loss scale's variables
 
-# ---- Where bfloat16 is fast: GPUs bfloat16_units accepts (CPUs: onednn.BFLOAT16_FLAGS)
-BFLOAT16_GPU_CAPABILITY = (8, 0)  # compute capability with bfloat16 tensor cores (A100 on)
+# ---- Where bfloat16 is fast: GPUs bfloat16_units accepts (CPUs: machine.BFLOAT16_FLAGS)
 
 
 def float16_getter(getter, name, *args, **kwargs):
@@ -108,13 +106,13 @@ def cast_getter(dtype):
 
 def start_line(use_fp16, num_towers):
   """The start-up line of float16 towers (use_fp16), or of bfloat16 towers: what
-  computes them (bfloat16_units_here(num_towers))."""
+  computes them (machine.bfloat16_units_here(num_towers))."""
   if use_fp16:
     return ('float16 towers, float32 variables; dynamic loss scale from %g (a resumed run '
             'keeps its own), doubled after %d clean steps, halved on an overflow' % (
                 INITIAL_LOSS_SCALE, LOSS_SCALE_PERIOD))
   return ('bfloat16 towers on %s, float32 variables; LRN, softmax and loss in float32; no '
-          'loss scale' % bfloat16_units_here(num_towers).what)
+          'loss scale' % machine.bfloat16_units_here(num_towers).what)
 
 
 LossScale = collections.namedtuple('LossScale', [
@@ -314,53 +312,3 @@ def checkpoint_skipped_steps(checkpoint_path):
   return int(reader.get_tensor(name)) if reader.has_tensor(name) else 0
 
 
-BFloat16Units = collections.namedtuple('BFloat16Units', [
-    'ok',    # bool: the towers' devices compute bfloat16 at speed
-    'what',  # str: what does ('this CPU's AVX512_BF16 through oneDNN'), or why not
-])
-
-
-def bfloat16_units(on_gpus, gpu_capabilities, cpu_flags, onednn_on):
-  """Whether the towers' devices have bfloat16 units. Pure: bfloat16_units_here() reads
-  the machine.
-
-  Without them bfloat16 is emulated, slower than float32: on this project's CPU,
-  whose AVX512_BF16 only oneDNN uses, the step took 10x float32's with oneDNN off.
-
-  Args:
-    on_gpus: bool, the towers run on GPUs (placement.tower_devices found enough).
-    gpu_capabilities: [(major, minor)], the compute capability of each tower's GPU.
-    cpu_flags: set of the CPU's /proc/cpuinfo flags (onednn.cpu_flags()).
-    onednn_on: oneDNN in this process (onednn.current().on): True, False or None.
-
-  Returns:
-    BFloat16Units.
-  """
-  if on_gpus:
-    for i, capability in enumerate(gpu_capabilities):
-      if tuple(capability) < BFLOAT16_GPU_CAPABILITY:
-        return BFloat16Units(False, 'GPU %d has compute capability %d.%d, and bfloat16 '
-                             'units came with %d.%d (--use_fp16 suits it)' % (
-                                 (i,) + tuple(capability) + BFLOAT16_GPU_CAPABILITY))
-    return BFloat16Units(True, 'GPUs of compute capability %s' % ', '.join(
-        sorted({'%d.%d' % tuple(capability) for capability in gpu_capabilities})))
-  found = [flag.upper() for flag in onednn.BFLOAT16_FLAGS if flag in cpu_flags]
-  if not found:
-    return BFloat16Units(False, 'this CPU has no bfloat16 units (no %s in /proc/cpuinfo), '
-                         'and emulated bfloat16 runs slower than float32'
-                         % ' or '.join(onednn.BFLOAT16_FLAGS))
-  if not onednn_on:
-    return BFloat16Units(False, 'oneDNN is off, and only oneDNN runs bfloat16 on this '
-                         'CPU\'s %s (without it, 10x slower than float32 here); turn it on '
-                         '(--onednn=on)' % '/'.join(found))
-  return BFloat16Units(True, 'this CPU\'s %s through oneDNN' % '/'.join(found))
-
-
-def bfloat16_units_here(num_towers):
-  """bfloat16_units() of this machine, for towers placed as placement.tower_devices
-  places them."""
-  gpus = placement.list_gpus()
-  on_gpus = len(gpus) >= num_towers
-  capabilities = [tf.config.experimental.get_device_details(gpu).get(
-      'compute_capability', (0, 0)) for gpu in gpus[:num_towers]] if on_gpus else []
-  return bfloat16_units(on_gpus, capabilities, onednn.cpu_flags(), onednn.current().on)

@@ -2,52 +2,19 @@
 
 Both trainers (multi_gpu_train.py and dist_train.py's workers) place their towers
 and open their sessions through these; the evaluation programs look for GPUs
-through list_gpus(). No flags are read here: settings arrive as arguments.
+through machine.list_gpus(). No flags are read here: settings arrive as arguments.
 """
 import collections
 import contextlib
 import ctypes
-import glob
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 
 import tensorflow as tf
 
-NVIDIA_SMI_SECS = 30  # nvidia-smi answers in well under a second on a healthy driver
-
-
-def list_gpus():
-  """tf.config.list_physical_devices('GPU'), without one misleading line.
-
-  Call it first thing in a program: whatever first looks for GPUs prints the
-  line (absl's app.run does, through TensorFlow's start-up hooks).
-
-  On a machine with no NVIDIA driver (no /dev/nvidia* device), TensorFlow's CUDA
-  build prints `E0000 ... failed call to cuInit: ... UNKNOWN ERROR (303)` here: it
-  found no driver library, which is the normal state of such a machine. That one
-  line is held back there; every other line, and every line on a machine with a
-  driver, goes to stderr as TensorFlow wrote it.
-  """
-  if glob.glob('/dev/nvidia[0-9]*'):
-    return tf.config.list_physical_devices('GPU')
-  sys.stderr.flush()
-  saved_stderr = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 2)
-    try:
-      gpus = tf.config.list_physical_devices('GPU')
-    finally:
-      os.dup2(saved_stderr, 2)
-      os.close(saved_stderr)
-    captured.seek(0)
-    for line in captured.read().decode('utf-8', 'replace').splitlines(True):
-      if not re.search(r'failed call to cuInit: .*\(303\)', line):
-        sys.stderr.write(line)
-  return gpus
+from training import machine
 
 
 def tower_devices(num_gpus):
@@ -57,60 +24,18 @@ def tower_devices(num_gpus):
     (list of device strings, number of CPU devices the session must create,
      a line for start-up saying where the towers run).
   """
-  gpus = list_gpus()  # honours CUDA_VISIBLE_DEVICES
+  gpus = machine.list_gpus()  # honours CUDA_VISIBLE_DEVICES
   if len(gpus) >= num_gpus:
     return (['/gpu:%d' % i for i in range(num_gpus)], 1,
             'towers on /gpu:0 .. /gpu:%d of %d visible GPUs' % (num_gpus - 1, len(gpus)))
   where = ('the tower runs on /cpu:0' if num_gpus == 1 else
            'towers run on %d virtual CPU devices /cpu:0 .. /cpu:%d, sharing the CPU cores'
            % (num_gpus, num_gpus - 1))
-  advice = '' if gpus else cuda_advice()
+  advice = '' if gpus else machine.cuda_advice()
   return (['/cpu:%d' % i for i in range(num_gpus)], num_gpus,
           'TensorFlow sees %d GPU(s) (CUDA_VISIBLE_DEVICES=%s), fewer than --num_gpus=%d: %s%s'
           % (len(gpus), os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), num_gpus, where,
              advice and '\n' + advice))
-
-
-def machine_gpus(environ=None):
-  """How many GPUs the NVIDIA driver shows: `nvidia-smi --list-gpus`'s, or else the
-  /dev/nvidia0.. devices; 0 on a machine without it."""
-  environ = os.environ if environ is None else environ
-  nvidia_smi = shutil.which('nvidia-smi', path=environ.get('PATH'))
-  if nvidia_smi:
-    try:
-      listed = subprocess.run([nvidia_smi, '--list-gpus'], capture_output=True, text=True,
-                              timeout=NVIDIA_SMI_SECS).stdout
-      return sum(line.startswith('GPU ') for line in listed.splitlines())
-    except (OSError, subprocess.SubprocessError):
-      pass
-  return len(glob.glob('/dev/nvidia[0-9]*'))
-
-
-def cuda_advice(environ=None, built_with_cuda=None):
-  """For a machine with GPUs where TensorFlow sees none: one line saying what to install.
-
-  The GPUs are the driver's (machine_gpus()), or CUDA_VISIBLE_DEVICES naming some.
-  Returns '' when there are none to use: a machine without GPUs needs no advice.
-
-  Args:
-    environ: the environment (PATH, CUDA_VISIBLE_DEVICES); os.environ by default.
-    built_with_cuda: bool; default tf.test.is_built_with_cuda().
-  """
-  environ = os.environ if environ is None else environ
-  on_machine = machine_gpus(environ)
-  visible = environ.get('CUDA_VISIBLE_DEVICES', '').strip()
-  if not on_machine and visible in ('', '-1'):
-    return ''
-  which = ('nvidia-smi lists %d GPU(s)' % on_machine if on_machine else
-           'CUDA_VISIBLE_DEVICES=%s names GPUs' % visible)
-  install = 'pip install "tensorflow[and-cuda]==%s"' % tf.__version__
-  if not (tf.test.is_built_with_cuda() if built_with_cuda is None else built_with_cuda):
-    return ('%s, but this TensorFlow is built without CUDA: for NVIDIA GPUs on Linux, '
-            '%s (README "GPUs")' % (which, install))
-  return ('%s, but TensorFlow finds none: %s brings the CUDA %s libraries it needs, with an '
-          'NVIDIA driver for CUDA 12; TF_CPP_MIN_LOG_LEVEL=0 shows what it found '
-          '(README "GPUs")' % (which, install, tf.sysconfig.get_build_info().get(
-              'cuda_version', '12')))
 
 
 def place(device, variables_device):

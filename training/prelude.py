@@ -9,7 +9,7 @@
      in 3.11; below it a run would stop on a traceback, or further in).
   2. answer_help(argv): --help lists every flag, --helpshort the program's own, and
      both exit 0 (absl's print the same short list and exit 1).
-  3. onednn.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
+  3. machine.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
   4. import_tensorflow(): TF_CPP_MIN_LOG_LEVEL=2 unless you set it (TensorFlow's
      errors show, its INFO and WARNING lines do not), applied to the lines TensorFlow
      prints while it loads too. dist_train.py keeps that filter for its whole life:
@@ -36,7 +36,7 @@ import re
 import signal
 import sys
 
-from training import onednn, signals
+from training import machine, signals
 
 PYTHON = (3, 11)              # the oldest Python the programs run on
 LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
@@ -57,7 +57,7 @@ HELP_ARGS = {'--help': False, '-help': False, '-?': False, '--helpfull': False,
 
 
 def start(argv, hold_signals=False, filter_for_life=False):
-  """check_python(), answer_help(argv), onednn.choose(argv), import_tensorflow(): a
+  """check_python(), answer_help(argv), machine.choose(argv), import_tensorflow(): a
   program's first lines.
 
   hold_signals: a trainer's: a Ctrl-C or SIGTERM from here on waits for its step loop
@@ -68,7 +68,7 @@ def start(argv, hold_signals=False, filter_for_life=False):
   answer_help(argv)
   if hold_signals:
     signals.hold_until_ready()
-  onednn.choose(argv)
+  machine.choose(argv)
   import_tensorflow(for_life=filter_for_life)
 
 

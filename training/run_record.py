@@ -10,8 +10,7 @@ import time
 
 import tensorflow as tf
 
-from training import mixed_precision
-from training import onednn
+from training import machine, mixed_precision
 from training.directory import parse_json, read_bounded, write_whole
 from training.errors import TrainingError, one_line
 
@@ -76,7 +75,7 @@ def describe(program_constants, flag_values, settings, devices, start_step, data
       ('flags_given', sorted(flags_given)),
       ('constants', constants),
       ('tensorflow', tf.__version__),
-      ('onednn', onednn.record()),
+      ('onednn', machine.record()),
       ('precision', '%s towers, float32 variables' % mixed_precision.compute_dtype(
           settings.use_fp16, settings.use_bf16).name),
       ('devices', devices),

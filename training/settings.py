@@ -10,8 +10,7 @@ import typing
 
 from absl import flags
 
-from training import input_data
-from training import onednn
+from training import input_data, machine
 from training import placement
 
 # Ranges: what TensorFlow can hold, and what a machine can run.
@@ -133,7 +132,7 @@ def _define_session_flags(flag_values):
                        flag_values=flag_values)
   flags.DEFINE_integer('inter_op_threads', 0, 'Ops run at once; 0: one per core.',
                        flag_values=flag_values)
-  onednn.define_flag(__name__, flag_values)
+  machine.define_flag(__name__, flag_values)
 
 
 def apply_dataset_defaults(flag_values, dataset_defaults):

@@ -1,4 +1,21 @@
-"""Everything that can stop a run before its first step, and the lines it starts with."""
+"""Everything that can stop a run before its first step, and the lines it starts with.
+
+The checks, in the order a run meets them: --train_dir and its lock, bfloat16 units
+for --use_bf16, the checkpoint to resume (or nothing to do), the data downloaded and
+checked; then, once the graph is built, whether one step fits in memory
+(check_memory). A step too large for the machine does not fail: it swaps, stalls,
+and is killed by the kernel's OOM killer minutes later (exit 137), with no line
+saying why and no chance for a SIGTERM to be acted on. So both trainers ask first:
+
+    estimate = estimate_step_bytes(fetches)     # from the graph's static shapes
+    check_step_fits(estimate, machine.memory_available(), batch_size, num_towers)
+
+and a step that cannot fit stops the run with one line:
+
+    error: one step at --batch_size=100000 x 1 towers needs about 124.3 GB of memory
+    (activations and gradients, estimated from the graph), and this machine has
+    21.3 GB available. Lower --batch_size.
+"""
 import collections
 import contextlib
 import os
@@ -6,12 +23,9 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from training import checkpoints
+from training import checkpoints, machine
 from training import directory
 from training import input_data
-from training import memory_check
-from training import mixed_precision
-from training import onednn
 from training import updates
 from training.errors import TrainingError
 
@@ -75,7 +89,7 @@ def check_precision(settings):
   """--use_bf16 where the towers' devices have no bfloat16 units: a TrainingError, as
   bfloat16 runs there slower than float32, not faster."""
   if settings.use_bf16:
-    units = mixed_precision.bfloat16_units_here(settings.num_gpus)
+    units = machine.bfloat16_units_here(settings.num_gpus)
     if not units.ok:
       raise TrainingError('--use_bf16: %s. Drop --use_bf16 to train in float32.'
                           % units.what)
@@ -87,26 +101,20 @@ def nothing_to_do(checkpoint, step, max_steps):
           'to train further.' % (checkpoint, step, max_steps))
 
 
-def step_fetches(graph, async_towers):
-  """What the loop runs in one step, summaries included: what must fit in memory."""
-  return ((list(graph.train_ops) if async_towers else [graph.train_op]) + [graph.loss] +
-          ([graph.summary_op] if graph.summary_op is not None else []))
-
-
 def check_memory(fetches, settings):
   """Stops the run in one line when one step cannot fit in the memory available:
   a step too large is otherwise killed by the kernel minutes later, without a word."""
   # The host's share: on GPUs the activations live in GPU memory, and running out
-  # of that fails at once and by name (memory_check.check_step_fits).
-  estimate = memory_check.estimate_step_bytes(fetches, 'CPU')
-  memory_check.check_step_fits(estimate, memory_check.memory_available(),
+  # of that fails at once and by name (check_step_fits).
+  estimate = estimate_step_bytes(fetches, 'CPU')
+  check_step_fits(estimate, machine.memory_available(),
                                settings.batch_size, settings.num_gpus)
 
 
 def print_versions(where):
   """The first start-up lines: TensorFlow, where the towers run, oneDNN."""
   print('TensorFlow %s; %s' % (tf.__version__, where))
-  print(onednn.start_line())
+  print(machine.start_line())
 
 
 def num_parameters():
@@ -123,3 +131,141 @@ def print_schedule(decay_steps, epoch, examples_per_update, per, model, settings
       model.NUM_EPOCHS_PER_DECAY, 'synthetic' if settings.synthetic else settings.data_dir,
       '' if settings.seed is None else '; seed %d: this run repeats exactly' % settings.seed))
   print(updates.schedule_line(model, decay_steps))
+
+
+# ---- Will one step fit in memory? -------------------------------------------------
+USED_SHARE_OF_COUNTED = 0.6   # of what estimate_step_bytes counts (every tensor alive at
+                              # once), the share a step uses: above every share measured
+                              # (docs/faults.md), so no step is said to need less than it does
+
+# Ops whose output is their input's buffer seen another way: no new memory.
+VIEWS = frozenset(['Identity', 'IdentityN', 'Reshape', 'ExpandDims', 'Squeeze',
+                   'StopGradient', 'PreventGradient', 'EnsureShape'])
+# Ops whose output is a variable's own buffer, counted once at the variable.
+VARIABLE_READS = frozenset(['ReadVariableOp'])
+VARIABLES = frozenset(['VarHandleOp', 'VariableV2', 'Variable'])
+
+
+def estimate_step_bytes(fetches, device_type=None):
+  """Bytes one run of `fetches` needs, from the graph's static shapes: upper-ish.
+
+  Counts, over the ops that one sess.run(fetches) runs (the fetches and everything
+  they depend on, data and control inputs; with a tf.Graph, every op in it):
+    - every output of a numeric dtype (float, int, bool) whose shape is fully
+      defined, elements x dtype size: the forward activations, the gradients,
+      the gradient average, the losses;
+    - every variable once, at its own size; its reads are not counted again;
+  and does not count: views of another tensor (Identity, Reshape, ExpandDims,
+  Squeeze; VIEWS), resource handles, strings, and outputs whose shape is not
+  fully defined (a batch dimension of None counts nothing).
+
+  It is an upper-ish estimate of what the step allocates: TensorFlow frees a
+  forward activation once the backward pass has used it, so not everything
+  counted here is alive at once; and it leaves out what no graph shows: the
+  session's runtime, its thread pools, and the scratch memory of kernels (a
+  convolution's workspace). On a CPU it is 2.2-4x the measured rise in peak memory
+  of a CIFAR-10 step of 128 images or more (1.4x at 32), and 1.6-2.2x of an MNIST
+  step of 10,000 (tests/test_memory_check.py gives the table).
+
+  Args:
+    fetches: a tf.Graph, or a list of tf.Operation / tf.Tensor (the train op,
+      the loss, the summary op: what the step loop passes to sess.run).
+    device_type: None counts every op; 'CPU' or 'GPU' only the ops placed on a
+      device of that type. An op with no device counts as CPU: in the trainers
+      every op of a tower is placed, and what is not runs on the host.
+
+  Returns:
+    int, bytes.
+  """
+  if isinstance(fetches, tf.Graph):
+    ops = fetches.get_operations()
+  else:
+    ops = _ops_run_by(fetches)
+  total = 0
+  for op in ops:
+    if device_type is not None and _device_type(op) != device_type.upper():
+      continue
+    if op.type in VARIABLES:
+      total += variable_bytes(op)
+    elif op.type not in VIEWS and op.type not in VARIABLE_READS:
+      total += sum(_bytes(t.shape, t.dtype) for t in op.outputs)
+  return total
+
+
+def _ops_run_by(fetches):
+  """The ops one sess.run(fetches) runs: the fetches and all they depend on."""
+  graph = tf.compat.v1.get_default_graph()
+  # as_graph_element: a tensor, an op, or what stands for one (a resource
+  # variable's assign, which SyncReplicasOptimizer's train op is).
+  found, todo = set(), [getattr(element, 'op', element) for element in
+                        (graph.as_graph_element(f) for f in fetches if f is not None)]
+  while todo:
+    op = todo.pop()
+    if op not in found:
+      found.add(op)
+      todo.extend(t.op for t in op.inputs)
+      todo.extend(op.control_inputs)
+  return sorted(found, key=lambda op: op.name)
+
+
+def _device_type(op):
+  return (tf.DeviceSpec.from_string(op.device).device_type or 'CPU').upper()
+
+
+def variable_bytes(op):
+  """The bytes of the variable an op of VARIABLES makes (from its attributes); 0 for
+  any other op (replica_device_setter also places hash tables on the ps tasks)."""
+  if getattr(op, 'type', None) not in VARIABLES:
+    return 0
+  return _bytes(tf.TensorShape(op.get_attr('shape')), op.get_attr('dtype'))
+
+
+def _bytes(shape, dtype):
+  """Elements x bytes per element; 0 for a shape not fully defined or a non-numeric dtype."""
+  dtype = tf.as_dtype(dtype).base_dtype
+  if not (dtype.is_floating or dtype.is_integer or dtype.is_bool or dtype.is_complex):
+    return 0  # resource handles, variants, strings: no fixed size per element
+  if shape.rank is None or not shape.is_fully_defined():
+    return 0
+  return shape.num_elements() * dtype.size
+
+
+def check_step_fits(estimate_bytes, available_bytes, batch_size, num_towers):
+  """Stops the run, in one line, when one step cannot fit in the memory available.
+
+  The step needs about USED_SHARE_OF_COUNTED x estimate_bytes; refused when that
+  is more than available_bytes. With available_bytes None (not Linux) it checks
+  nothing.
+
+  On GPUs: pass the host's share only, estimate_step_bytes(fetches, 'CPU'),
+  against memory_available(). The towers' activations then live in GPU memory,
+  which this host figure does not describe, and running out of it fails fast
+  and by name (TensorFlow's ResourceExhaustedError in the first step), not by a
+  silent stall until the OOM killer comes, which is what this check is for. A
+  GPU check would compare estimate_step_bytes(fetches, 'GPU') / num_towers with
+  one GPU's free memory.
+
+  Args:
+    estimate_bytes: int, from estimate_step_bytes.
+    available_bytes: int or None, from memory_available.
+    batch_size: int, images per tower (the --batch_size flag).
+    num_towers: int (the --num_gpus flag).
+
+  Raises:
+    TrainingError: naming the batch, the estimate and what is available.
+  """
+  needed = int(USED_SHARE_OF_COUNTED * estimate_bytes)
+  if available_bytes is None or needed <= available_bytes:
+    return
+  raise TrainingError(
+      'one step at --batch_size=%d x %d towers needs about %s of memory (activations and '
+      'gradients, estimated from the graph), and this machine has %s available. Lower '
+      '--batch_size%s.' % (batch_size, num_towers, _size(needed),
+                           _size(available_bytes), ' or --num_gpus' if num_towers > 1 else ''))
+
+
+def _size(num_bytes):
+  """61200000000 -> '61.2 GB'; below 1 GB in MB."""
+  if num_bytes >= 1e9:
+    return '%.1f GB' % (num_bytes / 1e9)
+  return '%.0f MB' % (num_bytes / 1e6)
