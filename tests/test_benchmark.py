@@ -232,18 +232,6 @@ def test_benchmark_bad_flag_exits_with_one_line_naming_it():
                      'flags)\n')
 
 
-def test_ps_round_trip_bad_flag_exits_with_one_line_naming_it():
-  cpus = ','.join(map(str, sorted(os.sched_getaffinity(0))))
-  for flag, error in [
-      ('--ps_cpus=1,x', "error: --ps_cpus must be CPU numbers, comma separated, got '1,x'\n"),
-      ('--ps_cpus=' + cpus, 'error: --ps_cpus=%s: give some of the CPUs this process may run '
-                            'on (%s), not all of them\n' % (cpus, cpus)),
-      ('--round=3', 'error: unrecognized arguments: --round=3 (--help lists the flags)\n')]:
-    run = helpers.run(['benchmarks/ps_round_trip.py', flag])
-    assert run.code == 1 and run.err.endswith(error), run.log()
-    assert len(run.errors) == 1, run.log()
-
-
 def test_steps_by_task_reads_worker_and_trainer_loss_lines():
   output = '\n'.join([
       WORKER_LINE % (0, '09.5', 3, 0, 2),
@@ -363,43 +351,6 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path
     casts = {name: result['ms_per_step'].get('Cast', 0) for name, result in profile.items()}
     assert casts['on, bfloat16'] > casts['on'], casts
 
-
-@pytest.mark.slow
-def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts(tmp_path):
-  # The ps task on a CPU of its own where there are two: the pinned path runs it all.
-  cpus = sorted(os.sched_getaffinity(0))
-  pin = ['--ps_cpus=%d' % cpus[-1]] if len(cpus) > 1 else []
-  run = helpers.run(['benchmarks/ps_round_trip.py', '--rounds=3'] + pin, timeout=TIMEOUT_SECS,
-                    env=helpers.user_env(TMPDIR=str(tmp_path)))
-  assert run.code == 0, run.log()
-  assert os.listdir(tmp_path) == []  # the hooks' checkpoints and summaries removed
-  if pin:
-    assert 'the ps task on CPUs %d, this worker on CPUs %s\n' % (
-        cpus[-1], ','.join(map(str, cpus[:-1]))) in run.out
-  assert '10 variables, 4.3 MB; ms per sess.run, median of 3' in run.out
-  rows = dict(re.findall(r'^(read|send|both) +([\d.]+ +[\d.]+)$', run.out, re.M))
-  assert sorted(rows) == ['both', 'read', 'send']
-  for kind, pair in rows.items():
-    via_ps, local = map(float, pair.split())
-    assert via_ps > local > 0, kind  # 4.3 MB through gRPC costs more than in memory
-  split = re.findall(r'^(local|local plain|ps plain|\+ claim|\+ averages|\+ hooks|summary step|'
-                     r'save step|sync): .* +([\d.]+)(?: +([-+][\d.]+))? +([\d.]+) +([\d.]+)$',
-                     run.out, re.M)
-  assert [kind for kind, _, _, _, _ in split] == [
-      'local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks', 'summary step',
-      'save step', 'sync']
-  assert all(float(ms) > 0 and float(cpu) > 0 for _, ms, _, cpu, _ in split)
-  assert all(added for kind, _, added, _, _ in split[1:])  # each row says what it adds
-  # The ps task's CPU: it works when the variables live on it, not in the local steps.
-  ps_cpu = {kind: float(ms) for kind, _, _, _, ms in split}
-  assert ps_cpu['local plain'] < ps_cpu['ps plain'] / 3, ps_cpu
-  assert re.search(r'^  moving the variables \(both, via ps - local\) +[\d.]+$', run.out, re.M)
-  assert re.search(r'^  the distributed runtime \(the rest\) +-?[\d.]+$', run.out, re.M)
-  assert re.search(r"^an async step \(\+ hooks\) runs at [\d.]+x multi_gpu_train.py's rate; a "
-                   r'sync step at [\d.]+x$', run.out, re.M)
-  assert re.search(r'^CPU ms per step, worker and ps task together: async [\d.]+, sync [\d.]+, '
-                   r'local [\d.]+ \(this process on CPUs [\d,]+\)$', run.out, re.M)
-  assert 'Saved checkpoint' not in run.out
 
 _ONCE = '''
 import sys, time, types, pathlib
