@@ -2,8 +2,6 @@
 
     python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~8 min)
     python benchmarks/benchmark.py --repeats 3     # three times over, medians across (~23 min)
-    python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
-    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
     python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
     python benchmarks/benchmark.py --profile --towers=1   # op time by op type: oneDNN off, on, bf16
 
@@ -33,8 +31,8 @@ step]. Then what distribution costs (dist_rows.py: dist_train.py with one ps tas
 and one or two workers on 127.0.0.1, against multi_gpu_train.py, from their own
 loss lines) and each target against what was measured (targets.py).
 
-Files: this one parses flags and writes the JSON; table.py, dist_rows.py,
-extras.py and knobs.py schedule the runs and print; runner.py starts one
+Files: this one parses flags and writes the JSON; table.py, dist_rows.py and
+op_profile.py schedule the runs and print; runner.py starts one
 worker.py process per configuration, so devices, thread pools and memory start
 clean; measure_*.py time inside it; keras_peer.py is the peers' model. This
 process and its modules import no TensorFlow. Numbers go to --json (default
@@ -48,8 +46,6 @@ import sys
 import tempfile
 
 from timing import ArgumentParser, BenchmarkError
-import extras
-import knobs
 import op_profile
 import table
 
@@ -95,11 +91,6 @@ def parse_args(argv):
   parser.add_argument('--skip_peer', action='store_true', help='no Keras peer runs')
   parser.add_argument('--skip_dist', action='store_true',
                       help='no dist_train.py or multi_gpu_train.py runs')
-  parser.add_argument('--extras', action='store_true',
-                      help='instead of the table: cost of moving averages and summaries')
-  parser.add_argument('--knobs', action='store_true',
-                      help='instead of the table: threads, XLA, prefetch and --seed at %d '
-                      'towers' % knobs.KNOB_TOWERS)
   parser.add_argument('--profile', action='store_true',
                       help='instead of the table: one step traced, op time by op type, at '
                       'the first of --towers')
@@ -144,30 +135,26 @@ def write_sample(data_dir, records_per_file):
 
 def main(argv):
   args = parse_args(argv)
-  modes = [m for m in ('extras', 'knobs', 'profile') if getattr(args, m)] or ['table']
+  mode = 'profile' if args.profile else 'table'
   json_path = args.json or os.path.join(RESULTS_DIR, '%s.json' % (
-      'benchmark' if modes == ['table'] else '_'.join(modes)))
+      'profile' if args.profile else 'benchmark'))
   load = os.getloadavg()[0]
   print('CIFAR-10 trainer benchmark: %s; %d CPU cores, load average %.2f at start%s' % (
-      ', '.join(modes), os.cpu_count(), load,
+      mode, os.cpu_count(), load,
       ' (busy: other work skews these numbers)' if load > 0.5 else ''), flush=True)
   output = dict(args=vars(args), cpu_count=os.cpu_count(), load_average_at_start=load)
   with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_') as tmp_dir:
     data_dir = args.data_dir
-    if not data_dir and ('table' in modes or 'knobs' in modes):
+    if not data_dir and not args.profile:
       data_dir = tmp_dir
       write_sample(data_dir, args.records_per_file)
       print('real input: generated %d records per file in %s (removed at the end)'
             % (args.records_per_file, data_dir), flush=True)
     try:
-      if 'table' in modes:
-        output['table'] = table.run_table(args, data_dir)
-      if 'extras' in modes:
-        output['extras'] = extras.run_extras(args)
-      if 'knobs' in modes:
-        output['knobs'] = knobs.run_knobs(args, data_dir)
-      if 'profile' in modes:
+      if args.profile:
         output['profile'] = op_profile.run_profile(args)
+      else:
+        output['table'] = table.run_table(args, data_dir)
     except BenchmarkError as e:
       sys.exit('error: %s' % e)
   output['load_average_at_end'] = os.getloadavg()[0]

@@ -8,8 +8,8 @@ Keras users write. measure_peers.py times them; nothing here times.
 
 Differences from the trainer, all cheap per step: a constant learning rate (the
 trainer's decays once per 350 epochs, so it is constant here too) and no moving
-averages of the weights (the trainer keeps them for evaluation; `benchmark.py
---extras` measures what they cost).
+averages of the weights (the trainer keeps them for evaluation; what they cost:
+docs/performance.md).
 """
 import tensorflow as tf
 import keras

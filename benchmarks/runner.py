@@ -84,11 +84,8 @@ def onednn_name(on):
 
 def _rate_note(result):
   if 'examples_per_step' in result:
-    durations = result['durations']
-    if isinstance(durations, dict):  # extras: the train op's steps
-      durations = durations['train_op']
     return ': %.1f examples/sec' % (result['examples_per_step'] /
-                                    statistics.median(durations))
+                                    statistics.median(result['durations']))
   if 'gflops' in result:
     return ': %.1f GFLOP/s' % result['gflops']
   return ''
@@ -134,11 +131,10 @@ def fmt(value, pattern):
 
 
 def ours_config(args, towers, input_name, data_dir=None, **overrides):
-  """A worker config for the trainer's graph, at its default oneDNN; overrides set the knobs."""
+  """A worker config for the trainer's graph, at its default oneDNN; overrides change it."""
   config = dict(kind='ours', towers=towers, batch_size=args.batch_size, input=input_name,
                 data_dir=data_dir, steps=args.steps, warmup=args.warmup,
-                intra=args.intra_op_threads, inter=args.inter_op_threads, xla=False,
-                extra_prefetch=0, summaries=False, onednn=OURS_ONEDNN)
+                intra=args.intra_op_threads, inter=args.inter_op_threads, onednn=OURS_ONEDNN)
   config.update(overrides)
   return config
 

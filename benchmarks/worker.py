@@ -7,7 +7,7 @@ devices, thread pools and memory start clean and peak memory is this process's
 own; when one fails it prints the command that reruns it alone. The JSON's kind
 names the function that measures it:
   flops, matmul, pipeline   measure_machine.py: the model's FLOPs, the machine
-  ours, extras, profile     measure_ours.py: the trainer's own graph and step
+  ours, profile             measure_ours.py: the trainer's own graph and step
   peer, fit                 measure_peers.py: the Keras custom loop and model.fit
 The result, a JSON dict of step times and memory, follows RESULT_PREFIX.
 """
@@ -24,8 +24,7 @@ from timing import RESULT_PREFIX, BenchmarkError  # noqa: E402  after the path
 
 # Imported on demand: only the peers pay for importing Keras.
 MODULE_OF_KIND = dict(flops='measure_machine', matmul='measure_machine',
-                      pipeline='measure_machine', ours='measure_ours', extras='measure_ours',
-                      profile='measure_ours', peer='measure_peers', fit='measure_peers')
+                      pipeline='measure_machine', ours='measure_ours', profile='measure_ours', peer='measure_peers', fit='measure_peers')
 
 
 def main(argv):
