@@ -1,9 +1,9 @@
 """Benchmarks the multi-tower trainer against Keras, against dist_train.py, and the machine.
 
-    python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~8 min)
-    python benchmarks/benchmark.py --repeats 3     # three times over, medians across (~23 min)
-    python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
-    python benchmarks/benchmark.py --profile --towers=1   # op time by op type: oneDNN off, on, bf16
+    python -m benchmarks                 # the table, towers 1, 2, 4 (~8 min)
+    python -m benchmarks --repeats 3     # three times over, medians across (~23 min)
+    python -m benchmarks --quick         # smoke test: 1 tower, 3 steps, batch 16
+    python -m benchmarks --profile --towers=1   # op time by op type: oneDNN off, on, bf16
 
 On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
 halves the numbers, so the start-up line prints the load average. The model costs 105.3
@@ -45,9 +45,8 @@ import subprocess
 import sys
 import tempfile
 
-from timing import ArgumentParser, BenchmarkError
-import op_profile
-import table
+from benchmarks import op_profile, table
+from benchmarks.timing import ArgumentParser, BenchmarkError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCHES_DIR = 'cifar-10-batches-bin'  # cifar10_input's; this parent imports no TensorFlow
@@ -70,7 +69,8 @@ QUICK = dict(towers='1', steps=3, warmup=1, batch_size=16, records_per_file=64,
 
 def parse_args(argv):
   """The flags, checked: a mistake stops the run with one line naming it."""
-  parser = ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+  parser = ArgumentParser(prog='python -m benchmarks', description=__doc__.split('\n')[0],
+                          allow_abbrev=False)
   parser.add_argument('--towers', default=TOWERS, help='tower counts, comma separated')
   parser.add_argument('--steps', type=int, default=TIMED_STEPS, help='timed steps per run')
   parser.add_argument('--warmup', type=int, default=WARMUP_STEPS,
@@ -162,7 +162,3 @@ def main(argv):
   with open(json_path, 'w') as f:
     json.dump(output, f, indent=1)
   print('\nwrote %s' % json_path)
-
-
-if __name__ == '__main__':
-  main(sys.argv[1:])

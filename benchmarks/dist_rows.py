@@ -49,8 +49,8 @@ import tempfile
 import threading
 import time
 
-from runner import repeat_tag
-from timing import BenchmarkError
+from benchmarks.runner import repeat_tag
+from benchmarks.timing import BenchmarkError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_TIMEOUT_SECS = 600       # a run still going after this is killed; its tasks die with it

@@ -11,7 +11,7 @@ import tensorflow as tf
 import cifar10
 import cifar10_input
 from training import placement
-from timing import peak_mb, time_steps
+from benchmarks.timing import peak_mb, time_steps
 
 
 def flops(config):

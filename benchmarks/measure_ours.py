@@ -8,11 +8,11 @@ import time
 
 import tensorflow as tf
 
-import multi_gpu_train
-from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
-                    weight_stats)
 import data_sets
+import multi_gpu_train
 from training import inputs, placement
+from benchmarks.timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights,
+                               time_steps, weight_stats)
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...

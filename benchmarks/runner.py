@@ -10,13 +10,11 @@ import subprocess
 import sys
 import time
 
-from timing import RESULT_PREFIX, BenchmarkError
+from benchmarks.timing import RESULT_PREFIX, BenchmarkError
+from training import onednn  # imports no TensorFlow either
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # onednn, which imports no TensorFlow either
-from training import onednn  # noqa: E402  after the path
-
-WORKER = os.path.join(ROOT, 'benchmarks', 'worker.py')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the workers' cwd
+WORKER = 'benchmarks.worker'      # run as python -m WORKER, so the repo's modules import
 WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed
 
 # oneDNN in the workers: a config's 'onednn' is True, False, or None (TensorFlow's own
@@ -39,10 +37,10 @@ class Runner:
 
   def run(self, label, config, env=None):
     """Runs one configuration in a fresh process; returns its result dict."""
-    command = [sys.executable, WORKER, json.dumps(config)]
+    command = [sys.executable, '-m', WORKER, json.dumps(config)]
     start = time.time()
     try:
-      proc = subprocess.run(command, capture_output=True, text=True,
+      proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                             env=worker_env(config, env), timeout=WORKER_TIMEOUT_SECS)
     except subprocess.TimeoutExpired as e:
       raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps or '
@@ -51,9 +49,9 @@ class Runner:
     if proc.returncode or not lines:
       output = (proc.stdout + proc.stderr).strip().splitlines()
       raise BenchmarkError('%s failed (exit status %d). Its last output lines:\n%s\n'
-                           'To rerun it alone: python %s \'%s\''
-                           % (label, proc.returncode, '\n'.join(output[-25:]),
-                              os.path.relpath(WORKER), json.dumps(config)))
+                           'To rerun it alone, from %s: python -m %s \'%s\''
+                           % (label, proc.returncode, '\n'.join(output[-25:]), ROOT,
+                              WORKER, json.dumps(config)))
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result.update(label=label, config=config, wall_sec=time.time() - start)
     self.progress(label, _rate_note(result), result['wall_sec'])

@@ -15,10 +15,10 @@ import os
 import statistics
 import tempfile
 
-import dist_rows
-import targets
-from runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN, Runner,
-                    flatten, fmt, onednn_name, ours_config, rate, rate_stats, ratio, repeat_tag)
+from benchmarks import dist_rows, targets
+from benchmarks.runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN,
+                               Runner, flatten, fmt, onednn_name, ours_config, rate, rate_stats,
+                               ratio, repeat_tag)
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label

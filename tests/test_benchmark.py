@@ -9,12 +9,9 @@ import sys
 import pytest
 
 import helpers
+from benchmarks import dist_rows, runner, targets  # the parent's: they import no TensorFlow
 
-sys.path.insert(0, os.path.join(helpers.ROOT, 'benchmarks'))  # the parent's modules
-import dist_rows  # noqa: E402  they import no TensorFlow
-import runner  # noqa: E402
-import targets  # noqa: E402
-
+BENCHMARK = [sys.executable, '-m', 'benchmarks']  # from the repository's root, helpers.run's cwd
 TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
 PARAMETERS = 1068298       # the model's trainable parameters: 4.27 MB in float32
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
@@ -38,8 +35,7 @@ def quick(tmp_path_factory):
   table, its stdout)."""
   def run_quick(directory):
     json_path = directory / 'benchmark.json'
-    run = helpers.run(['benchmarks/benchmark.py', '--quick', '--json', str(json_path)],
-                      timeout=TIMEOUT_SECS, cwd=str(directory))
+    run = helpers.run(BENCHMARK + ['--quick', '--json', str(json_path)], timeout=TIMEOUT_SECS)
     assert run.code == 0, run.log()  # the message names the whole log's file
     return [json.loads(json_path.read_text())['table'], run.out]
   return tuple(helpers.once_per_run(tmp_path_factory, 'benchmark_quick', run_quick))
@@ -216,18 +212,18 @@ def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(qui
 
 
 def test_benchmark_parent_imports_no_tensorflow():
-  code = ('import sys; sys.path.insert(0, %r); import benchmark, table, dist_rows, extras, '
-          'knobs, runner, targets; assert "tensorflow" not in sys.modules, "imported"'
-          % os.path.join(helpers.ROOT, 'benchmarks'))
+  code = ('import sys; import benchmarks.__main__, benchmarks.benchmark, benchmarks.table, '
+          'benchmarks.dist_rows, benchmarks.op_profile, benchmarks.runner, benchmarks.targets; '
+          'assert "tensorflow" not in sys.modules, "imported"')
   run = helpers.run([sys.executable, '-c', code])
   assert run.code == 0, run.log()
 
 
 def test_benchmark_bad_flag_exits_with_one_line_naming_it():
-  run = helpers.run(['benchmarks/benchmark.py', '--towers=1,x'])
+  run = helpers.run(BENCHMARK + ['--towers=1,x'])
   assert run.code == 1, run.log()
   assert run.err == "error: --towers must be comma-separated integers, got '1,x'\n"
-  run = helpers.run(['benchmarks/benchmark.py', '--tower=1'])
+  run = helpers.run(BENCHMARK + ['--tower=1'])
   assert run.err == ('error: unrecognized arguments: --tower=1 (--help lists the '
                      'flags)\n')
 
@@ -332,9 +328,8 @@ def test_targets_check_short_target_says_by_how_much(capsys):
 @pytest.mark.slow
 def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path):
   json_path = tmp_path / 'profile.json'
-  run = helpers.run(['benchmarks/benchmark.py', '--profile', '--towers=1', '--batch_size=8',
-                     '--warmup=1', '--json', str(json_path)], timeout=TIMEOUT_SECS,
-                    cwd=str(tmp_path))
+  run = helpers.run(BENCHMARK + ['--profile', '--towers=1', '--batch_size=8', '--warmup=1',
+                                 '--json', str(json_path)], timeout=TIMEOUT_SECS)
   assert run.code == 0, run.log()
   profile = json.loads(json_path.read_text())['profile']
   assert sorted(profile) == ['off', 'on'] + (['on, bfloat16'] if runner.BF16_UNITS else [])
