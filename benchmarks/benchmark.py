@@ -7,7 +7,7 @@
 
 On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
 halves the numbers, so the start-up line prints the load average. The model costs 105.3
-MFLOP per example per training step (table.flop_count).
+MFLOP per example per training step (measure_machine.flops counts it).
 
 The table, per number of towers N (global batch N x --batch_size):
   real, synthetic   ours: multi_gpu_train.build over placement.tower_devices(N)'s

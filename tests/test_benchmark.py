@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import helpers
-from benchmarks import dist_rows, runner, targets  # the parent's: they import no TensorFlow
+from benchmarks import dist_rows, loss_lines, runner, targets  # they import no TensorFlow
 
 BENCHMARK = [sys.executable, '-m', 'benchmarks']  # from the repository's root, helpers.run's cwd
 TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
@@ -41,14 +41,14 @@ def quick(tmp_path_factory):
   return tuple(helpers.once_per_run(tmp_path_factory, 'benchmark_quick', run_quick))
 
 
-def in_window(loss_lines, warmup):
+def in_window(by_task, warmup):
   """(window seconds, {task: its (local step, time) lines inside}), worked out here from
   the JSON's loss lines: from the last task's first line past warm-up to the first
   task's last line."""
-  opens = max(min(t for step, t in lines if step >= warmup) for lines in loss_lines.values())
-  closes = min(lines[-1][1] for lines in loss_lines.values())
+  opens = max(min(t for step, t in lines if step >= warmup) for lines in by_task.values())
+  closes = min(lines[-1][1] for lines in by_task.values())
   return closes - opens, {task: [(step, t) for step, t in lines if opens <= t <= closes]
-                          for task, lines in loss_lines.items()}
+                          for task, lines in by_task.items()}
 
 
 @pytest.mark.slow
@@ -235,7 +235,7 @@ def test_steps_by_task_reads_worker_and_trainer_loss_lines():
       WORKER_LINE % (1, '10.25', 4, 1, 1),
       TRAINER_LINE % ('11', 7),  # microseconds 0: datetime prints none
   ])
-  tasks = dist_rows.steps_by_task(output)
+  tasks = loss_lines.steps_by_task(output)
   assert sorted(tasks) == ['local', 'worker0', 'worker1']
   assert [step for step, _ in tasks['worker0']] == [2]  # the local step, not the global
   assert tasks['worker1'][0][1] - tasks['worker0'][0][1] == pytest.approx(0.75)
@@ -249,7 +249,7 @@ def test_window_rate_two_workers_counts_only_while_both_train():
            'worker1': [(1, 3.5), (2, 4.0), (3, 6.0), (4, 8.0), (5, 10.0)]}
   # Opens at worker1's local step 2 (t=4), closes at its last line (t=10): worker0 does
   # steps 5..8 in 6 s, worker1 steps 2..5 in 6 s, 3 steps x 100 images each.
-  rate, window = dist_rows.window_rate(tasks, 2, 100)
+  rate, window = loss_lines.window_rate(tasks, 2, 100)
   assert window == 6.0
   assert rate == pytest.approx(2 * 3 * 100 / 6.0)
 
@@ -260,18 +260,18 @@ def test_applied_rate_and_bytes_per_update_count_global_steps_inside_the_window(
              (9.0, 7, 10 ** 6)]
   # In the window 1.0 .. 2.5: global steps 2 -> 6 (a line printed out of order counts
   # as no step back), 600 bytes and 1.5 s between its first and last lines.
-  assert dist_rows.bytes_per_update(samples, 1.0, 2.5) == 600 / 4
-  assert dist_rows.applied_rate(samples, 1.0, 2.5, 16) == 4 * 16 / 1.5
-  assert dist_rows.bytes_per_update(samples, 1.0, 1.2) is None   # one line: no growth
-  assert dist_rows.applied_rate(samples, 1.0, 1.2, 16) is None
-  assert dist_rows.bytes_per_update([(1.0, 2, None), (2.0, 3, None)], 0, 3) is None  # no counter
+  assert loss_lines.bytes_per_update(samples, 1.0, 2.5) == 600 / 4
+  assert loss_lines.applied_rate(samples, 1.0, 2.5, 16) == 4 * 16 / 1.5
+  assert loss_lines.bytes_per_update(samples, 1.0, 1.2) is None   # one line: no growth
+  assert loss_lines.applied_rate(samples, 1.0, 1.2, 16) is None
+  assert loss_lines.bytes_per_update([(1.0, 2, None), (2.0, 3, None)], 0, 3) is None  # no counter
   assert dist_rows.replicas_to_aggregate(2, dist_rows.BACKUP) == 1
   assert dist_rows.replicas_to_aggregate(2, dist_rows.SYNC) == 2
   assert dist_rows.replicas_to_aggregate(2, ()) == 1
 
 
 def test_loopback_bytes_sent_grows_with_traffic_on_127_0_0_1():
-  before = dist_rows.loopback_bytes_sent()
+  before = loss_lines.loopback_bytes_sent()
   with socket.create_server(('127.0.0.1', 0)) as server:
     with socket.create_connection(server.getsockname()) as client:
       peer, _ = server.accept()
@@ -280,12 +280,12 @@ def test_loopback_bytes_sent_grows_with_traffic_on_127_0_0_1():
         received = 0
         while received < 100000:
           received += len(peer.recv(65536))
-  assert dist_rows.loopback_bytes_sent() - before >= 100000
+  assert loss_lines.loopback_bytes_sent() - before >= 100000
 
 
 def test_window_rate_without_overlap_says_which_task():
   tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0)], 'worker1': [(1, 2.5), (2, 3.0)]}
-  assert dist_rows.window_rate(tasks, 1, 100) == (
+  assert loss_lines.window_rate(tasks, 1, 100) == (
       None, 'worker0 has 0 loss lines while all tasks train')
 
 
@@ -293,18 +293,18 @@ def test_window_full_waits_until_every_worker_trained_steps_together():
   # worker0 trains alone from t=0; worker1's first step ends at t=3.5 (its warm-up).
   tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 4.0), (6, 5.0)],
            'worker1': [(1, 3.5)]}
-  assert not dist_rows.window_full({'worker0': tasks['worker0']}, 2, 1, 2)  # one task yet
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # worker1 has not stepped since
+  assert not loss_lines.window_full({'worker0': tasks['worker0']}, 2, 1, 2)  # one task yet
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # worker1 has not stepped since
   tasks['worker1'].append((2, 4.5))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # 1 step of worker1 in 3.5..4.5
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # 1 step of worker1 in 3.5..4.5
   tasks['worker1'].append((3, 5.5))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # it closes at worker0's 5.0: 5->6
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # it closes at worker0's 5.0: 5->6
   tasks['worker0'].append((7, 6.0))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # at worker1's 5.5: worker0 still 5->6
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # at worker1's 5.5: worker0 still 5->6
   tasks['worker1'].append((4, 6.5))
-  assert dist_rows.window_full(tasks, 2, 1, 2)      # 3.5..6.0: worker0 5->7, worker1 1->3
-  assert dist_rows.window_full({'worker0': tasks['worker0']}, 1, 1, 6)  # 0.0..6.0: 1->7
-  assert not dist_rows.window_full({'worker0': tasks['worker0']}, 1, 1, 7)
+  assert loss_lines.window_full(tasks, 2, 1, 2)      # 3.5..6.0: worker0 5->7, worker1 1->3
+  assert loss_lines.window_full({'worker0': tasks['worker0']}, 1, 1, 6)  # 0.0..6.0: 1->7
+  assert not loss_lines.window_full({'worker0': tasks['worker0']}, 1, 1, 7)
 
 
 def test_targets_check_short_target_says_by_how_much(capsys):
