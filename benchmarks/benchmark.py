@@ -1,13 +1,13 @@
 """Benchmarks the multi-tower trainer against Keras, against dist_train.py, and the machine.
 
-    python -m benchmarks                 # the table, towers 1, 2, 4 (~8 min)
-    python -m benchmarks --repeats 3     # three times over, medians across (~23 min)
-    python -m benchmarks --quick         # smoke test: 1 tower, 3 steps, batch 16
-    python -m benchmarks --profile --towers=1   # op time by op type: oneDNN off, on, bf16
+    python -m benchmarks                       # the table, towers 1, 2, 4
+    python -m benchmarks --repeats 3           # three times over, medians across
+    python -m benchmarks --quick               # smoke test: 1 tower, 3 steps, batch 16
+    python -m benchmarks --profile --towers=1  # op time by op type: oneDNN off, on, bf16
 
-On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
-halves the numbers, so the start-up line prints the load average. The model costs 105.3
-MFLOP per example per training step (measure_machine.flops counts it).
+Run from the repository's root. Other work on the cores skews the numbers, so the
+start-up line prints the load average. What this machine measured, and how long each
+command takes: docs/performance.md.
 
 The table, per number of towers N (global batch N x --batch_size):
   real, synthetic   ours: multi_gpu_train.build over placement.tower_devices(N)'s
@@ -31,12 +31,13 @@ step]. Then what distribution costs (dist_rows.py: dist_train.py with one ps tas
 and one or two workers on 127.0.0.1, against multi_gpu_train.py, from their own
 loss lines) and each target against what was measured (targets.py).
 
-Files: this one parses flags and writes the JSON; table.py, dist_rows.py and
-op_profile.py schedule the runs and print; runner.py starts one
-worker.py process per configuration, so devices, thread pools and memory start
-clean; measure_*.py time inside it; keras_peer.py is the peers' model. This
-process and its modules import no TensorFlow. Numbers go to --json (default
-benchmarks/results/<mode>.json).
+Files: this one parses the flags and writes every number to --json (default
+benchmarks/results/benchmark.json, or profile.json); table.py, dist_rows.py and
+op_profile.py schedule the runs and print, loss_lines.py reads the dist rows' rates
+from the programs' output, targets.py holds the targets. runner.py starts one
+`python -m benchmarks.worker` process per configuration, so devices, thread pools and
+memory start clean; measure_*.py time inside it, keras_peer.py is the peers' model,
+timing.py what both sides share. This process and its modules import no TensorFlow.
 """
 import json
 import os

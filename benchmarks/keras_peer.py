@@ -25,7 +25,7 @@ WEIGHT_DECAY = 0.004              # on local3 and local4: adds WEIGHT_DECAY * su
 
 class LocalResponseNorm(keras.layers.Layer):
   """The tutorial's norm1/norm2 as the trainer computes them (cifar10.model.lrn, equal to
-  tf.nn.local_response_normalization and 4x faster): the peers train the same ops."""
+  tf.nn.local_response_normalization and faster): the peers train the same ops."""
 
   def call(self, inputs):
     return cifar10_model.lrn(inputs, name=self.name)

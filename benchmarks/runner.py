@@ -25,7 +25,8 @@ OURS_ONEDNN = onednn.decide('auto', os.environ, platform.machine(), onednn.cpu_f
 TENSORFLOWS_ONEDNN = onednn.tensorflow_default(platform.machine(), onednn.cpu_flags())
 ONEDNN_SETTINGS = (False, True)   # every configuration of the table runs under both
 # bfloat16 rows (ours --use_bf16, the peers under mixed_bfloat16) only on a CPU with
-# bfloat16 units, and with oneDNN on: without either it is emulated, 10x slower.
+# bfloat16 units, and with oneDNN on: without either it is emulated, far slower than
+# float32 (docs/performance.md).
 BF16_UNITS = bool(set(onednn.BFLOAT16_FLAGS) & onednn.cpu_flags())
 
 

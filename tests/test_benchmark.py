@@ -12,16 +12,16 @@ import helpers
 from benchmarks import dist_rows, loss_lines, runner, targets  # they import no TensorFlow
 
 BENCHMARK = [sys.executable, '-m', 'benchmarks']  # from the repository's root, helpers.run's cwd
-TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
+TIMEOUT_SECS = 600        # --quick's run, with room for a loaded machine (docs/performance.md)
 PARAMETERS = 1068298       # the model's trainable parameters: 4.27 MB in float32
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
 QUICK_STEPS, QUICK_WARMUP = 3, 1   # benchmark.QUICK's
 DIST_LABELS = [label for label, _, _ in dist_rows.RUNS[:dist_rows.QUICK_RUNS]]  # --quick's
 # Runs that start from the same weights and batch compute the same first loss but for
-# rounding (measured: equal to the last bit); a wrong model is off by 1e-3 and more.
+# rounding; a wrong model is off by 1e-3 and more (what was measured: docs/performance.md).
 SAME_LOSS = 1e-4
-# bfloat16 rounds the activations to 8 bits: measured 1e-5 from float32's first loss
-# (the weight decay, most of it, stays float32), 5e-4 after three steps.
+# bfloat16 rounds the activations to 8 bits; the weight decay, most of the loss, stays
+# float32, so the losses stay close to float32's for the three steps of --quick.
 BF16_SAME_LOSS = 2e-3
 TRAINER_LINE = '2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; 0.100 sec/batch)'
 WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; '
