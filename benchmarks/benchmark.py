@@ -97,7 +97,8 @@ def parse_args(argv):
                       'the first of --towers')
   parser.add_argument('--quick', action='store_true', help='tiny smoke run: %s' % QUICK)
   parser.add_argument('--json', default=None,
-                      help='where the numbers go; default benchmarks/results/<mode>.json')
+                      help='where the numbers go; default benchmarks/results/benchmark.json '
+                      '(--profile: profile.json)')
   args = parser.parse_args(argv)
   if args.quick:
     parser.set_defaults(**QUICK)  # explicit flags still win on the second parse

@@ -2,7 +2,7 @@
 
     python -m benchmarks.worker '{"kind": "matmul", "size": 2048, "runs": 10}'
 
-benchmark.py starts one of these per configuration, so that the virtual CPU
+python -m benchmarks starts one of these per configuration, so that the virtual CPU
 devices, thread pools and memory start clean and peak memory is this process's
 own; when one fails it prints the command that reruns it alone. The JSON's kind
 names the function that measures it:
