@@ -367,14 +367,13 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path
 
 _ONCE = '''
 import sys, time, types, pathlib
-sys.path.insert(0, sys.argv[1])
-import helpers
-base, count = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+import helpers  # tests/helpers.py: the cwd
+base, count = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def setup(directory):
   with open(count, "a") as f:
     f.write("ran\\n")
   time.sleep(1)  # the other process asks meanwhile
-  if sys.argv[4] == "fail":
+  if sys.argv[3] == "fail":
     raise AssertionError("exited with 1; whole log: /x/001-benchmark.py.log")
   return {"table": 1}
 factory = types.SimpleNamespace(getbasetemp=lambda: base)
@@ -389,8 +388,8 @@ except AssertionError as e:
 def test_once_per_run_two_xdist_processes_run_the_setup_once(tmp_path, outcome):
   count = tmp_path / 'count'
   tasks = [subprocess.Popen(  # each its worker's base directory, as xdist gives them
-      [sys.executable, '-c', _ONCE, os.path.join(helpers.ROOT, 'tests'),
-       str(tmp_path / worker), str(count), outcome], text=True, stdout=subprocess.PIPE,
+      [sys.executable, '-c', _ONCE, str(tmp_path / worker), str(count), outcome], text=True,
+      stdout=subprocess.PIPE, cwd=os.path.join(helpers.ROOT, 'tests'),
       env=helpers.user_env(PYTEST_XDIST_WORKER=worker)) for worker in ('gw0', 'gw1')]
   outs = [task.communicate(timeout=120)[0].strip() for task in tasks]
   assert count.read_text() == 'ran\n', outs
