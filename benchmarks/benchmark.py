@@ -1,15 +1,13 @@
 """Benchmarks the multi-tower trainer against Keras, against dist_train.py, and the machine.
 
-    python benchmarks/benchmark.py                 # the table, towers 1, 2, 4 (~8 min)
-    python benchmarks/benchmark.py --repeats 3     # three times over, medians across (~23 min)
-    python benchmarks/benchmark.py --extras        # cost of moving averages and summaries
-    python benchmarks/benchmark.py --knobs         # threads, XLA, prefetch, --seed, oneDNN
-    python benchmarks/benchmark.py --quick         # smoke test: 1 tower, 3 steps, batch 16
-    python benchmarks/benchmark.py --profile --towers=1   # op time by op type: oneDNN off, on, bf16
+    python -m benchmarks                       # the table, towers 1, 2, 4
+    python -m benchmarks --repeats 3           # three times over, medians across
+    python -m benchmarks --quick               # smoke test: 1 tower, 3 steps, batch 16
+    python -m benchmarks --profile --towers=1  # op time by op type: oneDNN off, on, bf16
 
-On this project's quiet 2-core machine (~700 examples/sec) other work on the cores
-halves the numbers, so the start-up line prints the load average. The model costs 105.3
-MFLOP per example per training step (table.flop_count).
+Run from the repository's root. Other work on the cores skews the numbers, so the
+start-up line prints the load average. What this machine measured, and how long each
+command takes: docs/performance.md.
 
 The table, per number of towers N (global batch N x --batch_size):
   real, synthetic   ours: multi_gpu_train.build over placement.tower_devices(N)'s
@@ -33,12 +31,13 @@ step]. Then what distribution costs (dist_rows.py: dist_train.py with one ps tas
 and one or two workers on 127.0.0.1, against multi_gpu_train.py, from their own
 loss lines) and each target against what was measured (targets.py).
 
-Files: this one parses flags and writes the JSON; table.py, dist_rows.py,
-extras.py and knobs.py schedule the runs and print; runner.py starts one
-worker.py process per configuration, so devices, thread pools and memory start
-clean; measure_*.py time inside it; keras_peer.py is the peers' model. This
-process and its modules import no TensorFlow. Numbers go to --json (default
-benchmarks/results/<mode>.json).
+Files: this one parses the flags and writes every number to --json (default
+benchmarks/results/benchmark.json, or profile.json); table.py, dist_rows.py and
+op_profile.py schedule the runs and print, loss_lines.py reads the dist rows' rates
+from the programs' output, targets.py holds the targets. runner.py starts one
+`python -m benchmarks.worker` process per configuration, so devices, thread pools and
+memory start clean; measure_*.py time inside it, keras_peer.py is the peers' model,
+timing.py what both sides share. This process and its modules import no TensorFlow.
 """
 import json
 import os
@@ -47,11 +46,8 @@ import subprocess
 import sys
 import tempfile
 
-from timing import ArgumentParser, BenchmarkError
-import extras
-import knobs
-import op_profile
-import table
+from benchmarks import op_profile, table
+from benchmarks.timing import ArgumentParser, BenchmarkError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCHES_DIR = 'cifar-10-batches-bin'  # cifar10_input's; this parent imports no TensorFlow
@@ -74,7 +70,8 @@ QUICK = dict(towers='1', steps=3, warmup=1, batch_size=16, records_per_file=64,
 
 def parse_args(argv):
   """The flags, checked: a mistake stops the run with one line naming it."""
-  parser = ArgumentParser(description=__doc__.split('\n')[0], allow_abbrev=False)
+  parser = ArgumentParser(prog='python -m benchmarks', description=__doc__.split('\n')[0],
+                          allow_abbrev=False)
   parser.add_argument('--towers', default=TOWERS, help='tower counts, comma separated')
   parser.add_argument('--steps', type=int, default=TIMED_STEPS, help='timed steps per run')
   parser.add_argument('--warmup', type=int, default=WARMUP_STEPS,
@@ -95,17 +92,13 @@ def parse_args(argv):
   parser.add_argument('--skip_peer', action='store_true', help='no Keras peer runs')
   parser.add_argument('--skip_dist', action='store_true',
                       help='no dist_train.py or multi_gpu_train.py runs')
-  parser.add_argument('--extras', action='store_true',
-                      help='instead of the table: cost of moving averages and summaries')
-  parser.add_argument('--knobs', action='store_true',
-                      help='instead of the table: threads, XLA, prefetch and --seed at %d '
-                      'towers' % knobs.KNOB_TOWERS)
   parser.add_argument('--profile', action='store_true',
                       help='instead of the table: one step traced, op time by op type, at '
                       'the first of --towers')
   parser.add_argument('--quick', action='store_true', help='tiny smoke run: %s' % QUICK)
   parser.add_argument('--json', default=None,
-                      help='where the numbers go; default benchmarks/results/<mode>.json')
+                      help='where the numbers go; default benchmarks/results/benchmark.json '
+                      '(--profile: profile.json)')
   args = parser.parse_args(argv)
   if args.quick:
     parser.set_defaults(**QUICK)  # explicit flags still win on the second parse
@@ -144,30 +137,26 @@ def write_sample(data_dir, records_per_file):
 
 def main(argv):
   args = parse_args(argv)
-  modes = [m for m in ('extras', 'knobs', 'profile') if getattr(args, m)] or ['table']
+  mode = 'profile' if args.profile else 'table'
   json_path = args.json or os.path.join(RESULTS_DIR, '%s.json' % (
-      'benchmark' if modes == ['table'] else '_'.join(modes)))
+      'profile' if args.profile else 'benchmark'))
   load = os.getloadavg()[0]
   print('CIFAR-10 trainer benchmark: %s; %d CPU cores, load average %.2f at start%s' % (
-      ', '.join(modes), os.cpu_count(), load,
+      mode, os.cpu_count(), load,
       ' (busy: other work skews these numbers)' if load > 0.5 else ''), flush=True)
   output = dict(args=vars(args), cpu_count=os.cpu_count(), load_average_at_start=load)
   with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_') as tmp_dir:
     data_dir = args.data_dir
-    if not data_dir and ('table' in modes or 'knobs' in modes):
+    if not data_dir and not args.profile:
       data_dir = tmp_dir
       write_sample(data_dir, args.records_per_file)
       print('real input: generated %d records per file in %s (removed at the end)'
             % (args.records_per_file, data_dir), flush=True)
     try:
-      if 'table' in modes:
-        output['table'] = table.run_table(args, data_dir)
-      if 'extras' in modes:
-        output['extras'] = extras.run_extras(args)
-      if 'knobs' in modes:
-        output['knobs'] = knobs.run_knobs(args, data_dir)
-      if 'profile' in modes:
+      if args.profile:
         output['profile'] = op_profile.run_profile(args)
+      else:
+        output['table'] = table.run_table(args, data_dir)
     except BenchmarkError as e:
       sys.exit('error: %s' % e)
   output['load_average_at_end'] = os.getloadavg()[0]
@@ -175,7 +164,3 @@ def main(argv):
   with open(json_path, 'w') as f:
     json.dump(output, f, indent=1)
   print('\nwrote %s' % json_path)
-
-
-if __name__ == '__main__':
-  main(sys.argv[1:])

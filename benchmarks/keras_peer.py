@@ -8,8 +8,8 @@ Keras users write. measure_peers.py times them; nothing here times.
 
 Differences from the trainer, all cheap per step: a constant learning rate (the
 trainer's decays once per 350 epochs, so it is constant here too) and no moving
-averages of the weights (the trainer keeps them for evaluation; `benchmark.py
---extras` measures what they cost).
+averages of the weights (the trainer keeps them for evaluation; what they cost:
+docs/performance.md).
 """
 import tensorflow as tf
 import keras
@@ -25,7 +25,7 @@ WEIGHT_DECAY = 0.004              # on local3 and local4: adds WEIGHT_DECAY * su
 
 class LocalResponseNorm(keras.layers.Layer):
   """The tutorial's norm1/norm2 as the trainer computes them (cifar10.model.lrn, equal to
-  tf.nn.local_response_normalization and 4x faster): the peers train the same ops."""
+  tf.nn.local_response_normalization and faster): the peers train the same ops."""
 
   def call(self, inputs):
     return cifar10_model.lrn(inputs, name=self.name)

@@ -1,6 +1,7 @@
 """Workers that measure the model and the machine rather than a trainer.
 
-flops: multiply-adds per example of each layer, read from cifar10.inference's graph.
+flops: multiply-adds per example of each layer, read from cifar10.inference's graph,
+  and the FLOPs of one training step per example.
 matmul: the machine's float32 matmul rate, the yardstick for "of matmul".
 pipeline: the input pipeline alone, no model.
 """
@@ -11,11 +12,20 @@ import tensorflow as tf
 import cifar10
 import cifar10_input
 from training import placement
-from timing import peak_mb, time_steps
+from benchmarks.timing import peak_mb, time_steps
 
 
 def flops(config):
-  """Multiply-adds per example of each Conv2D and MatMul of cifar10.inference."""
+  """Multiply-adds (M) per example of each Conv2D and MatMul of cifar10.inference, and
+  what one training step costs per example, counted from them: forward 2 M per layer
+  (a multiply and an add each), the weight gradients as many, the input gradients as
+  many but for conv1's (its input is the image): 3 x forward - conv1's forward. Biases,
+  ReLU, pooling, the LRN and the loss are left out (docs/performance.md, "Of matmul").
+
+  Returns:
+    dict: layers, [dict(name, op, macs, input_gradient)]; per_example, FLOPs: forward,
+    backward_weights, backward_inputs, total.
+  """
   del config
   with tf.Graph().as_default() as graph:
     images = tf.compat.v1.placeholder(tf.float32, [1, cifar10.IMAGE_SIZE,
@@ -34,7 +44,11 @@ def flops(config):
       continue
     layers.append(dict(name=op.name.split('/')[0], op=op.type, macs=int(macs),
                        input_gradient=op.inputs[0] is not images))
-  return dict(layers=layers)
+  forward = sum(2 * layer['macs'] for layer in layers)
+  backward_inputs = sum(2 * layer['macs'] for layer in layers if layer['input_gradient'])
+  return dict(layers=layers, per_example=dict(
+      forward=forward, backward_weights=forward, backward_inputs=backward_inputs,
+      total=2 * forward + backward_inputs))
 
 
 def matmul(config):

@@ -1,20 +1,18 @@
 """Workers that time the trainer's own step: multi_gpu_train's graph, input and session.
 
 ours: one sess.run of [train op, loss] per step, as train() runs it.
-extras: the same graph with summaries; update-only, train-op and summary steps
-  alternating in one session, for what moving averages and summaries cost.
+profile: the same step traced, op time by op type.
 """
 import collections
-import tempfile
 import time
 
 import tensorflow as tf
 
-import multi_gpu_train
-from timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights, time_steps,
-                    weight_stats)
 import data_sets
+import multi_gpu_train
 from training import input_data, placement
+from benchmarks.timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights,
+                               time_steps, weight_stats)
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -29,11 +27,10 @@ def build_trainer(config):
   """train()'s input and graph, from the trainer's own functions, in the default graph.
 
   config keys: towers, batch_size, input ('synthetic' or 'real'), data_dir, intra,
-  inter, xla (auto-clustering), extra_prefetch (batches buffered on top of the
-  pipeline's own prefetch; 0: none), summaries (build the summary op), seed
-  (optional; real input through the trainer's --seed pipeline), dataset (optional:
-  a key of data_sets.DATASETS; default cifar10), use_fp16, use_bf16 (optional:
-  the trainer's --use_fp16 or --use_bf16 graph).
+  inter; optional: seed (real input through the trainer's --seed pipeline), dataset
+  (a key of data_sets.DATASETS; default cifar10), use_fp16, use_bf16 (the trainer's
+  --use_fp16 or --use_bf16 graph). No summary op: train()'s steps between two
+  summary steps do not run it.
 
   Returns:
     a Trainer.
@@ -48,20 +45,15 @@ def build_trainer(config):
     with tf.device('/cpu:0'):
       dataset = input_data.train_dataset(data.input, config['data_dir'], batch_size,
                                      config['input'] == 'synthetic')
-      if config['extra_prefetch']:
-        dataset = dataset.prefetch(config['extra_prefetch'])
       iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
       next_batch, input_init = iterator.get_next, iterator.initializer
   graph = multi_gpu_train.build(next_batch, devices, batch_size,
                                 data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
-                                summaries=config['summaries'],
+                                summaries=False,
                                 use_fp16=config.get('use_fp16', False),
                                 use_bf16=config.get('use_bf16', False))
   session_config = placement.session_config(num_cpu_devices, placement.SessionOptions(
       intra_op_threads=config['intra'], inter_op_threads=config['inter']))
-  if config['xla']:
-    session_config.graph_options.optimizer_options.global_jit_level = (
-        tf.compat.v1.OptimizerOptions.ON_1)
   return Trainer(graph, input_init, session_config, devices, where)
 
 
@@ -87,8 +79,6 @@ def ours(config):
       losses = []
       result['durations'] = time_steps(lambda: losses.append(sess.run(fetches)[1]),
                                        config['warmup'], config['steps'])
-      if config['xla']:
-        result['xla_ops_run'] = count_xla_ops(sess, fetches)
   check_losses('ours', losses)
   result.update(first_loss=float(losses[0]), last_loss=float(losses[-1]),
                 losses=[float(loss) for loss in losses], peak_mb=peak_mb())
@@ -113,66 +103,6 @@ def start_weights(sess, config):
       for variable, value in zip(variables[layer], values):
         variable.load(value, sess)
   return weight_stats(fresh)
-
-
-def extras(config):
-  """The trainer's per-step extras, timed step by step in one session.
-
-  One graph with summaries; each round times an update-only step and a train-op
-  step (alternating which goes first), and every few rounds a summary step: the
-  train op plus the summary op and the write of its result, as the trainer does
-  once per SUMMARY_STEPS steps. Steps that do not fetch the summary op do not run
-  it, so the train-op steps cost what they cost in a graph without summaries
-  (run_extras checks that against a summaries=False process).
-
-  config: as build_trainer's, plus steps, warmup and summary_samples.
-  """
-  tf.compat.v1.disable_eager_execution()
-  with tf.Graph().as_default():
-    trainer = build_trainer(dict(config, summaries=True))
-    loss, train_op = trainer.graph.loss, trainer.graph.train_op
-    kinds = dict(update_only=[trainer.graph.update_op, loss], train_op=[train_op, loss],
-                 summary=[train_op, loss, trainer.graph.summary_op])
-    init = tf.compat.v1.global_variables_initializer()
-    durations = {kind: [] for kind in kinds}
-    losses = []
-    every = max(1, config['steps'] // config['summary_samples'])
-    with tf.compat.v1.Session(config=trainer.session_config) as sess, \
-        tempfile.TemporaryDirectory() as log_dir:
-      sess.run([init, trainer.input_init])
-      writer = tf.compat.v1.summary.FileWriter(log_dir)
-
-      def step(kind, timed=True):
-        start = time.perf_counter()
-        results = sess.run(kinds[kind])
-        if kind == 'summary':
-          writer.add_summary(results[2], len(losses))
-        if timed:
-          durations[kind].append(time.perf_counter() - start)
-        losses.append(results[1])
-
-      for kind in kinds:  # the first summary step also builds the histograms' kernels
-        for _ in range(config['warmup']):
-          step(kind, timed=False)
-      for i in range(config['steps']):
-        for kind in ('update_only', 'train_op') if i % 2 else ('train_op', 'update_only'):
-          step(kind)
-        if i % every == 0:
-          step('summary')
-      writer.close()
-  check_losses('ours with extras', losses)
-  return dict(where=trainer.where, durations=durations, peak_mb=peak_mb(),
-              examples_per_step=config['batch_size'] * len(trainer.devices),
-              summary_steps=multi_gpu_train.SUMMARY_STEPS)
-
-
-def count_xla_ops(sess, fetches):
-  """Compiled XLA clusters that ran in one traced step: 0 means XLA did nothing."""
-  options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-  metadata = tf.compat.v1.RunMetadata()
-  sess.run(fetches, options=options, run_metadata=metadata)
-  return sum(1 for device in metadata.step_stats.dev_stats for node in device.node_stats
-             if 'XlaRun' in node.timeline_label or 'XlaRun' in node.node_name)
 
 
 def profile(config):

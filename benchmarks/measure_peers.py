@@ -14,8 +14,9 @@ import tensorflow as tf
 import keras
 
 import cifar10_input
-import keras_peer
-from timing import LAYERS, check_losses, load_weights, peak_mb, time_steps, weight_stats
+from benchmarks import keras_peer
+from benchmarks.timing import (LAYERS, check_losses, load_weights, peak_mb, time_steps,
+                               weight_stats)
 
 
 def mirrored_strategy(config):

@@ -2,7 +2,8 @@
 with --use_bf16 (oneDNN on) on a CPU with bfloat16 units."""
 import statistics
 
-from runner import BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, Runner, onednn_name, ours_config
+from benchmarks.runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, Runner, onednn_name,
+                               ours_config)
 
 TRACED_STEPS = 3                  # traced steps per setting; op times are their mean
 SHOWN_SHARE = 0.005               # op types below this share of op time go into "the rest"

@@ -10,25 +10,24 @@ import subprocess
 import sys
 import time
 
-from timing import RESULT_PREFIX, BenchmarkError
+from benchmarks.timing import RESULT_PREFIX, BenchmarkError
+from training import machine  # imports no TensorFlow at its top either
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # onednn, which imports no TensorFlow either
-from training import onednn  # noqa: E402  after the path
-
-WORKER = os.path.join(ROOT, 'benchmarks', 'worker.py')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the workers' cwd
+WORKER = 'benchmarks.worker'      # run as python -m WORKER, so the repo's modules import
 WORKER_TIMEOUT_SECS = 3600        # a worker still running after this is killed
 
 # oneDNN in the workers: a config's 'onednn' is True, False, or None (TensorFlow's own
 # default, the variable unset). OURS is what multi_gpu_train.py picks here with no
 # --onednn (the user's TF_ENABLE_ONEDNN_OPTS included); TENSORFLOWS what TensorFlow does
 # with the variable unset, the peers' default.
-OURS_ONEDNN = onednn.decide('auto', os.environ, platform.machine(), onednn.cpu_flags()).on
-TENSORFLOWS_ONEDNN = onednn.tensorflow_default(platform.machine(), onednn.cpu_flags())
+OURS_ONEDNN = machine.decide('auto', os.environ, platform.machine(), machine.cpu_flags()).on
+TENSORFLOWS_ONEDNN = machine.tensorflow_default(platform.machine(), machine.cpu_flags())
 ONEDNN_SETTINGS = (False, True)   # every configuration of the table runs under both
 # bfloat16 rows (ours --use_bf16, the peers under mixed_bfloat16) only on a CPU with
-# bfloat16 units, and with oneDNN on: without either it is emulated, 10x slower.
-BF16_UNITS = bool(set(onednn.BFLOAT16_FLAGS) & onednn.cpu_flags())
+# bfloat16 units, and with oneDNN on: without either it is emulated, far slower than
+# float32 (docs/performance.md).
+BF16_UNITS = bool(set(machine.BFLOAT16_FLAGS) & machine.cpu_flags())
 
 
 class Runner:
@@ -39,10 +38,10 @@ class Runner:
 
   def run(self, label, config, env=None):
     """Runs one configuration in a fresh process; returns its result dict."""
-    command = [sys.executable, WORKER, json.dumps(config)]
+    command = [sys.executable, '-m', WORKER, json.dumps(config)]
     start = time.time()
     try:
-      proc = subprocess.run(command, capture_output=True, text=True,
+      proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                             env=worker_env(config, env), timeout=WORKER_TIMEOUT_SECS)
     except subprocess.TimeoutExpired as e:
       raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps or '
@@ -51,9 +50,9 @@ class Runner:
     if proc.returncode or not lines:
       output = (proc.stdout + proc.stderr).strip().splitlines()
       raise BenchmarkError('%s failed (exit status %d). Its last output lines:\n%s\n'
-                           'To rerun it alone: python %s \'%s\''
-                           % (label, proc.returncode, '\n'.join(output[-25:]),
-                              os.path.relpath(WORKER), json.dumps(config)))
+                           'To rerun it alone, from %s: python -m %s \'%s\''
+                           % (label, proc.returncode, '\n'.join(output[-25:]), ROOT,
+                              WORKER, json.dumps(config)))
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result.update(label=label, config=config, wall_sec=time.time() - start)
     self.progress(label, _rate_note(result), result['wall_sec'])
@@ -70,10 +69,10 @@ def worker_env(config, env=None):
   """The worker's environment: ours, quiet TensorFlow, env, and config['onednn'] if given."""
   environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **(env or {}))
   if 'onednn' in config:  # this configuration's setting, whatever the user's shell has
-    environ.pop(onednn.SET_HERE_ENV, None)
-    environ.pop(onednn.ENV, None)
+    environ.pop(machine.SET_HERE_ENV, None)
+    environ.pop(machine.ENV, None)
     if config['onednn'] is not None:
-      environ[onednn.ENV] = '1' if config['onednn'] else '0'
+      environ[machine.ENV] = '1' if config['onednn'] else '0'
   return environ
 
 
@@ -84,11 +83,8 @@ def onednn_name(on):
 
 def _rate_note(result):
   if 'examples_per_step' in result:
-    durations = result['durations']
-    if isinstance(durations, dict):  # extras: the train op's steps
-      durations = durations['train_op']
     return ': %.1f examples/sec' % (result['examples_per_step'] /
-                                    statistics.median(durations))
+                                    statistics.median(result['durations']))
   if 'gflops' in result:
     return ': %.1f GFLOP/s' % result['gflops']
   return ''
@@ -134,11 +130,10 @@ def fmt(value, pattern):
 
 
 def ours_config(args, towers, input_name, data_dir=None, **overrides):
-  """A worker config for the trainer's graph, at its default oneDNN; overrides set the knobs."""
+  """A worker config for the trainer's graph, at its default oneDNN; overrides change it."""
   config = dict(kind='ours', towers=towers, batch_size=args.batch_size, input=input_name,
                 data_dir=data_dir, steps=args.steps, warmup=args.warmup,
-                intra=args.intra_op_threads, inter=args.inter_op_threads, xla=False,
-                extra_prefetch=0, summaries=False, onednn=OURS_ONEDNN)
+                intra=args.intra_op_threads, inter=args.inter_op_threads, onednn=OURS_ONEDNN)
   config.update(overrides)
   return config
 

@@ -15,10 +15,10 @@ import os
 import statistics
 import tempfile
 
-import dist_rows
-import targets
-from runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN, Runner,
-                    flatten, fmt, onednn_name, ours_config, rate, rate_stats, ratio, repeat_tag)
+from benchmarks import dist_rows, targets
+from benchmarks.runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORFLOWS_ONEDNN,
+                               Runner, flatten, fmt, onednn_name, ours_config, rate, rate_stats,
+                               ratio, repeat_tag)
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
@@ -29,40 +29,6 @@ MNIST_BATCH_SIZE = 100            # ... of 100 images
 # float16 arithmetic it is slower than float32, not faster (docs/performance.md).
 SEED = 1                          # the seeded row: ours at N=1, real input, --seed=SEED
 INIT_SEED = 0                     # what ours' and the peers' initialisers draw on synthetic input
-
-
-def flop_count(layers):
-  """FLOPs per example of one training step, from the layers' shapes.
-
-  Per layer with M multiply-adds per example (conv: out_h*out_w*out_c * k*k*in_c;
-  dense: in*out):
-    forward                  F = 2 M   (a multiply and an add each)
-    gradient wrt the weights     2 M   (the same products, input x output gradient)
-    gradient wrt the input       2 M   (output gradient x weights), except conv1,
-                                       whose input is the image and needs none
-  so a step costs 3 x forward - conv1's forward. For the tutorial's model:
-    conv1    M = 24*24*64 * 5*5*3  =  2,764,800   F =  5.53 MFLOP
-    conv2    M = 12*12*64 * 5*5*64 = 14,745,600   F = 29.49
-    local3   M = 2304 * 384        =    884,736   F =  1.77
-    local4   M = 384 * 192         =     73,728   F =  0.15
-    softmax  M = 192 * 10          =      1,920   F =  0.004
-    forward 36.94 + weight gradients 36.94 + input gradients 31.41
-      = 105.3 MFLOP per example (105,295,104)
-  Biases, relu, pooling, LRN and the loss are left out: LRN's band matmuls
-  (cifar10.model.lrn) do 2.4 MFLOP forward and as much backward (4.5% more), the
-  rest about 0.2 MFLOP.
-
-  Args:
-    layers: list of dicts with name, macs (multiply-adds per example) and
-      input_gradient (bool), from the 'flops' worker.
-
-  Returns:
-    dict of FLOPs per example: forward, backward_weights, backward_inputs, total.
-  """
-  forward = sum(2 * layer['macs'] for layer in layers)
-  backward_inputs = sum(2 * layer['macs'] for layer in layers if layer['input_gradient'])
-  return dict(forward=forward, backward_weights=forward, backward_inputs=backward_inputs,
-              total=2 * forward + backward_inputs)
 
 
 def run_table(args, data_dir):
@@ -78,14 +44,15 @@ def run_table(args, data_dir):
       BF16_UNITS * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
-  layers = runner.run('FLOPs from the layer shapes', dict(kind='flops'))['layers']
+  counted = runner.run('FLOPs from the layer shapes', dict(kind='flops'))
+  flops = dict(counted['per_example'], layers=counted['layers'])
   runs = {}
   with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_start_') as start_dir:
     for repeat in range(args.repeats):
       run_repeat(args, data_dir, start_dir, runner, runs, repeat)
       if not args.skip_dist:
         dist_rows.run_repeat(args, runner, runs, repeat)
-  table = summarise(args, runs, layers)
+  table = summarise(args, runs, flops)
   print_table(args, table)
   print_precisions(args, table)
   dist = None if args.skip_dist else dist_rows.summarise(args, runs)
@@ -152,14 +119,13 @@ def at(stats, on):
   return stats[bool(on)]
 
 
-def summarise(args, runs, layers):
+def summarise(args, runs, flops):
   """The table's numbers: medians over repeats, ratios, FLOP rates.
 
   Per N: synthetic, peer and fit at each oneDNN setting ({False: stats, True:
   stats}); the ratios the targets read compare ours at its default with the peers
   at TensorFlow's; *_same_setting compares them with both at ours.
   """
-  flops = flop_count(layers)
   matmul = {on: statistics.median(r['gflops'] for r in runs[('matmul', on)])
             for on in ONEDNN_SETTINGS}
   pipeline = rate_stats(runs['pipeline'])
@@ -192,7 +158,7 @@ def summarise(args, runs, layers):
     if towers == 1:
       rows['1']['seeded'] = rate_stats(runs['seeded'])
       rows['1']['seeded_over_unseeded'] = ratio(rows['1']['seeded'], real)
-  return dict(flops_per_example=dict(flops, layers=layers),
+  return dict(flops_per_example=flops,
               onednn=dict(ours=OURS_ONEDNN, tensorflows=TENSORFLOWS_ONEDNN),
               matmul=dict(size=args.matmul_size, gflops=matmul[bool(OURS_ONEDNN)],
                           by_setting=matmul,
@@ -245,7 +211,7 @@ def print_table(args, table):
             args.steps, args.warmup, ', median of %d repeats' % args.repeats
             if args.repeats > 1 else '', args.batch_size, args.intra_op_threads,
             args.inter_op_threads))
-  print('oneDNN: ours by default %s (onednn.py), TensorFlow by default %s. ours/peer, '
+  print('oneDNN: ours by default %s (machine.py), TensorFlow by default %s. ours/peer, '
         'ours/fit: ours at its default over the peer at the row\'s setting' % (
             onednn_name(OURS_ONEDNN), onednn_name(TENSORFLOWS_ONEDNN)))
   print()

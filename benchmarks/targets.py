@@ -4,7 +4,7 @@ docs/performance.md says, for each one that falls short, by how much
 and why.
 """
 # ---- Targets: edit, save, rerun -------------------------------------------------
-# Ours at its default oneDNN setting (training/onednn.py); the peers at TensorFlow's.
+# Ours at its default oneDNN setting (training/machine.py); the peers at TensorFlow's.
 OURS_OVER_PEER = 1.4        # ours / the custom-loop Keras peer, synthetic input, every N
 OURS_OVER_FIT = 1.6         # ours / the model.fit peer, synthetic input, every N
 OF_MATMUL = 0.70            # ours' GFLOP/s at N = 1 / the float32 matmul rate, same oneDNN

@@ -1,6 +1,6 @@
 """What the benchmark's workers and its parent share: step timing, memory, the result line.
 
-Imports no TensorFlow, so the parent (benchmark.py) can import it too.
+Imports no TensorFlow, so the parent (python -m benchmarks) can import it too.
 """
 import argparse
 import math

@@ -9,22 +9,19 @@ import sys
 import pytest
 
 import helpers
+from benchmarks import dist_rows, loss_lines, runner, targets  # they import no TensorFlow
 
-sys.path.insert(0, os.path.join(helpers.ROOT, 'benchmarks'))  # the parent's modules
-import dist_rows  # noqa: E402  they import no TensorFlow
-import runner  # noqa: E402
-import targets  # noqa: E402
-
-TIMEOUT_SECS = 600        # --quick: 105 s at load 4-6, 210 s at load 9, on 2 cores
+BENCHMARK = [sys.executable, '-m', 'benchmarks']  # from the repository's root, helpers.run's cwd
+TIMEOUT_SECS = 600        # --quick's run, with room for a loaded machine (docs/performance.md)
 PARAMETERS = 1068298       # the model's trainable parameters: 4.27 MB in float32
 FLOPS_PER_EXAMPLE = 105295104  # 3 x forward 36,941,568 - conv1's forward 5,529,600
 QUICK_STEPS, QUICK_WARMUP = 3, 1   # benchmark.QUICK's
 DIST_LABELS = [label for label, _, _ in dist_rows.RUNS[:dist_rows.QUICK_RUNS]]  # --quick's
 # Runs that start from the same weights and batch compute the same first loss but for
-# rounding (measured: equal to the last bit); a wrong model is off by 1e-3 and more.
+# rounding; a wrong model is off by 1e-3 and more (what was measured: docs/performance.md).
 SAME_LOSS = 1e-4
-# bfloat16 rounds the activations to 8 bits: measured 1e-5 from float32's first loss
-# (the weight decay, most of it, stays float32), 5e-4 after three steps.
+# bfloat16 rounds the activations to 8 bits; the weight decay, most of the loss, stays
+# float32, so the losses stay close to float32's for the three steps of --quick.
 BF16_SAME_LOSS = 2e-3
 TRAINER_LINE = '2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; 0.100 sec/batch)'
 WORKER_LINE = ('[worker%d] 2026-11-23 07:01:%s: step %d, loss = 4.40 (160.8 examples/sec; '
@@ -38,21 +35,20 @@ def quick(tmp_path_factory):
   table, its stdout)."""
   def run_quick(directory):
     json_path = directory / 'benchmark.json'
-    run = helpers.run(['benchmarks/benchmark.py', '--quick', '--json', str(json_path)],
-                      timeout=TIMEOUT_SECS, cwd=str(directory))
+    run = helpers.run(BENCHMARK + ['--quick', '--json', str(json_path)], timeout=TIMEOUT_SECS)
     assert run.code == 0, run.log()  # the message names the whole log's file
     return [json.loads(json_path.read_text())['table'], run.out]
   return tuple(helpers.once_per_run(tmp_path_factory, 'benchmark_quick', run_quick))
 
 
-def in_window(loss_lines, warmup):
+def in_window(by_task, warmup):
   """(window seconds, {task: its (local step, time) lines inside}), worked out here from
   the JSON's loss lines: from the last task's first line past warm-up to the first
   task's last line."""
-  opens = max(min(t for step, t in lines if step >= warmup) for lines in loss_lines.values())
-  closes = min(lines[-1][1] for lines in loss_lines.values())
+  opens = max(min(t for step, t in lines if step >= warmup) for lines in by_task.values())
+  closes = min(lines[-1][1] for lines in by_task.values())
   return closes - opens, {task: [(step, t) for step, t in lines if opens <= t <= closes]
-                          for task, lines in loss_lines.items()}
+                          for task, lines in by_task.items()}
 
 
 @pytest.mark.slow
@@ -126,11 +122,14 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
     bf16 = row['bf16']
     for kind in ('synthetic', 'peer', 'fit'):
       assert 0 < bf16[kind]['min'] <= bf16[kind]['examples_per_sec'] <= bf16[kind]['max']
-      assert bf16['over_float32'][kind] == pytest.approx(
-          bf16[kind]['examples_per_sec'] / row[kind]['true']['examples_per_sec']), kind
-    assert bf16['ours_over_peer'] == pytest.approx(bf16['synthetic']['examples_per_sec'] /
-                                                   bf16['peer']['examples_per_sec'])
-  # The ratios are of the rows' own rates.
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('benchmark_quick')
+@pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
+def test_benchmark_quick_run_ratios_are_of_the_rows_own_rates(quick):
+  table, _ = quick
+  row = table['towers']['1']
   ours = row['synthetic_default']['examples_per_sec']
   assert row['real_over_synthetic'] == pytest.approx(row['real']['examples_per_sec'] / ours)
   assert row['ours_over_peer'] == pytest.approx(ours / row['peer_default']['examples_per_sec'])
@@ -140,6 +139,20 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   assert row['achieved_gflops'] == pytest.approx(ours * FLOPS_PER_EXAMPLE / 1e9)
   assert row['fraction_of_matmul'] == pytest.approx(row['achieved_gflops'] /
                                                     table['matmul']['gflops'])
+  if runner.BF16_UNITS:  # each bfloat16 rate over its own float32 rate, and over the peer's
+    bf16 = row['bf16']
+    for kind in ('synthetic', 'peer', 'fit'):
+      assert bf16['over_float32'][kind] == pytest.approx(
+          bf16[kind]['examples_per_sec'] / row[kind]['true']['examples_per_sec']), kind
+    assert bf16['ours_over_peer'] == pytest.approx(bf16['synthetic']['examples_per_sec'] /
+                                                   bf16['peer']['examples_per_sec'])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('benchmark_quick')
+@pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
+def test_benchmark_quick_run_dist_rates_come_from_the_loss_lines(quick):
+  table, _ = quick
   baseline = table['dist'][DIST_LABELS[0]]['examples_per_sec']
   assert table['dist'][DIST_LABELS[0]]['vs_multi_gpu_train'] == 1.0
   runs = {r['label']: r for r in table['runs']}
@@ -150,8 +163,9 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
     # The rate is the loss lines': each task's local steps over its time in the window.
     run = runs[label]
     window_sec, inside = in_window(run['loss_lines'], QUICK_WARMUP)
-    rate = sum((lines[-1][0] - lines[0][0]) * row['global_batch'] / (lines[-1][1] - lines[0][1])
-               for lines in inside.values())  # global_batch: 1 tower of 16, as a worker's
+    global_batch = table['towers']['1']['global_batch']  # 1 tower of 16, as a worker's
+    rate = sum((lines[-1][0] - lines[0][0]) * global_batch / (lines[-1][1] - lines[0][1])
+               for lines in inside.values())
     assert dist['examples_per_sec'] == pytest.approx(rate), label
     assert run['window_sec'] == pytest.approx(window_sec), label
     if dist['workers']:  # what the updates applied, and the bytes through 127.0.0.1
@@ -216,32 +230,20 @@ def test_benchmark_quick_run_peers_are_the_same_model_and_fit_keeps_defaults(qui
 
 
 def test_benchmark_parent_imports_no_tensorflow():
-  code = ('import sys; sys.path.insert(0, %r); import benchmark, table, dist_rows, extras, '
-          'knobs, runner, targets; assert "tensorflow" not in sys.modules, "imported"'
-          % os.path.join(helpers.ROOT, 'benchmarks'))
+  code = ('import sys; import benchmarks.__main__, benchmarks.benchmark, benchmarks.table, '
+          'benchmarks.dist_rows, benchmarks.op_profile, benchmarks.runner, benchmarks.targets; '
+          'assert "tensorflow" not in sys.modules, "imported"')
   run = helpers.run([sys.executable, '-c', code])
   assert run.code == 0, run.log()
 
 
 def test_benchmark_bad_flag_exits_with_one_line_naming_it():
-  run = helpers.run(['benchmarks/benchmark.py', '--towers=1,x'])
+  run = helpers.run(BENCHMARK + ['--towers=1,x'])
   assert run.code == 1, run.log()
   assert run.err == "error: --towers must be comma-separated integers, got '1,x'\n"
-  run = helpers.run(['benchmarks/benchmark.py', '--tower=1'])
+  run = helpers.run(BENCHMARK + ['--tower=1'])
   assert run.err == ('error: unrecognized arguments: --tower=1 (--help lists the '
                      'flags)\n')
-
-
-def test_ps_round_trip_bad_flag_exits_with_one_line_naming_it():
-  cpus = ','.join(map(str, sorted(os.sched_getaffinity(0))))
-  for flag, error in [
-      ('--ps_cpus=1,x', "error: --ps_cpus must be CPU numbers, comma separated, got '1,x'\n"),
-      ('--ps_cpus=' + cpus, 'error: --ps_cpus=%s: give some of the CPUs this process may run '
-                            'on (%s), not all of them\n' % (cpus, cpus)),
-      ('--round=3', 'error: unrecognized arguments: --round=3 (--help lists the flags)\n')]:
-    run = helpers.run(['benchmarks/ps_round_trip.py', flag])
-    assert run.code == 1 and run.err.endswith(error), run.log()
-    assert len(run.errors) == 1, run.log()
 
 
 def test_steps_by_task_reads_worker_and_trainer_loss_lines():
@@ -251,7 +253,7 @@ def test_steps_by_task_reads_worker_and_trainer_loss_lines():
       WORKER_LINE % (1, '10.25', 4, 1, 1),
       TRAINER_LINE % ('11', 7),  # microseconds 0: datetime prints none
   ])
-  tasks = dist_rows.steps_by_task(output)
+  tasks = loss_lines.steps_by_task(output)
   assert sorted(tasks) == ['local', 'worker0', 'worker1']
   assert [step for step, _ in tasks['worker0']] == [2]  # the local step, not the global
   assert tasks['worker1'][0][1] - tasks['worker0'][0][1] == pytest.approx(0.75)
@@ -265,7 +267,7 @@ def test_window_rate_two_workers_counts_only_while_both_train():
            'worker1': [(1, 3.5), (2, 4.0), (3, 6.0), (4, 8.0), (5, 10.0)]}
   # Opens at worker1's local step 2 (t=4), closes at its last line (t=10): worker0 does
   # steps 5..8 in 6 s, worker1 steps 2..5 in 6 s, 3 steps x 100 images each.
-  rate, window = dist_rows.window_rate(tasks, 2, 100)
+  rate, window = loss_lines.window_rate(tasks, 2, 100)
   assert window == 6.0
   assert rate == pytest.approx(2 * 3 * 100 / 6.0)
 
@@ -276,18 +278,18 @@ def test_applied_rate_and_bytes_per_update_count_global_steps_inside_the_window(
              (9.0, 7, 10 ** 6)]
   # In the window 1.0 .. 2.5: global steps 2 -> 6 (a line printed out of order counts
   # as no step back), 600 bytes and 1.5 s between its first and last lines.
-  assert dist_rows.bytes_per_update(samples, 1.0, 2.5) == 600 / 4
-  assert dist_rows.applied_rate(samples, 1.0, 2.5, 16) == 4 * 16 / 1.5
-  assert dist_rows.bytes_per_update(samples, 1.0, 1.2) is None   # one line: no growth
-  assert dist_rows.applied_rate(samples, 1.0, 1.2, 16) is None
-  assert dist_rows.bytes_per_update([(1.0, 2, None), (2.0, 3, None)], 0, 3) is None  # no counter
+  assert loss_lines.bytes_per_update(samples, 1.0, 2.5) == 600 / 4
+  assert loss_lines.applied_rate(samples, 1.0, 2.5, 16) == 4 * 16 / 1.5
+  assert loss_lines.bytes_per_update(samples, 1.0, 1.2) is None   # one line: no growth
+  assert loss_lines.applied_rate(samples, 1.0, 1.2, 16) is None
+  assert loss_lines.bytes_per_update([(1.0, 2, None), (2.0, 3, None)], 0, 3) is None  # no counter
   assert dist_rows.replicas_to_aggregate(2, dist_rows.BACKUP) == 1
   assert dist_rows.replicas_to_aggregate(2, dist_rows.SYNC) == 2
   assert dist_rows.replicas_to_aggregate(2, ()) == 1
 
 
 def test_loopback_bytes_sent_grows_with_traffic_on_127_0_0_1():
-  before = dist_rows.loopback_bytes_sent()
+  before = loss_lines.loopback_bytes_sent()
   with socket.create_server(('127.0.0.1', 0)) as server:
     with socket.create_connection(server.getsockname()) as client:
       peer, _ = server.accept()
@@ -296,12 +298,12 @@ def test_loopback_bytes_sent_grows_with_traffic_on_127_0_0_1():
         received = 0
         while received < 100000:
           received += len(peer.recv(65536))
-  assert dist_rows.loopback_bytes_sent() - before >= 100000
+  assert loss_lines.loopback_bytes_sent() - before >= 100000
 
 
 def test_window_rate_without_overlap_says_which_task():
   tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0)], 'worker1': [(1, 2.5), (2, 3.0)]}
-  assert dist_rows.window_rate(tasks, 1, 100) == (
+  assert loss_lines.window_rate(tasks, 1, 100) == (
       None, 'worker0 has 0 loss lines while all tasks train')
 
 
@@ -309,18 +311,18 @@ def test_window_full_waits_until_every_worker_trained_steps_together():
   # worker0 trains alone from t=0; worker1's first step ends at t=3.5 (its warm-up).
   tasks = {'worker0': [(1, 0.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 4.0), (6, 5.0)],
            'worker1': [(1, 3.5)]}
-  assert not dist_rows.window_full({'worker0': tasks['worker0']}, 2, 1, 2)  # one task yet
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # worker1 has not stepped since
+  assert not loss_lines.window_full({'worker0': tasks['worker0']}, 2, 1, 2)  # one task yet
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # worker1 has not stepped since
   tasks['worker1'].append((2, 4.5))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # 1 step of worker1 in 3.5..4.5
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # 1 step of worker1 in 3.5..4.5
   tasks['worker1'].append((3, 5.5))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # it closes at worker0's 5.0: 5->6
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # it closes at worker0's 5.0: 5->6
   tasks['worker0'].append((7, 6.0))
-  assert not dist_rows.window_full(tasks, 2, 1, 2)  # at worker1's 5.5: worker0 still 5->6
+  assert not loss_lines.window_full(tasks, 2, 1, 2)  # at worker1's 5.5: worker0 still 5->6
   tasks['worker1'].append((4, 6.5))
-  assert dist_rows.window_full(tasks, 2, 1, 2)      # 3.5..6.0: worker0 5->7, worker1 1->3
-  assert dist_rows.window_full({'worker0': tasks['worker0']}, 1, 1, 6)  # 0.0..6.0: 1->7
-  assert not dist_rows.window_full({'worker0': tasks['worker0']}, 1, 1, 7)
+  assert loss_lines.window_full(tasks, 2, 1, 2)      # 3.5..6.0: worker0 5->7, worker1 1->3
+  assert loss_lines.window_full({'worker0': tasks['worker0']}, 1, 1, 6)  # 0.0..6.0: 1->7
+  assert not loss_lines.window_full({'worker0': tasks['worker0']}, 1, 1, 7)
 
 
 def test_targets_check_short_target_says_by_how_much(capsys):
@@ -344,9 +346,8 @@ def test_targets_check_short_target_says_by_how_much(capsys):
 @pytest.mark.slow
 def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path):
   json_path = tmp_path / 'profile.json'
-  run = helpers.run(['benchmarks/benchmark.py', '--profile', '--towers=1', '--batch_size=8',
-                     '--warmup=1', '--json', str(json_path)], timeout=TIMEOUT_SECS,
-                    cwd=str(tmp_path))
+  run = helpers.run(BENCHMARK + ['--profile', '--towers=1', '--batch_size=8', '--warmup=1',
+                                 '--json', str(json_path)], timeout=TIMEOUT_SECS)
   assert run.code == 0, run.log()
   profile = json.loads(json_path.read_text())['profile']
   assert sorted(profile) == ['off', 'on'] + (['on, bfloat16'] if runner.BF16_UNITS else [])
@@ -364,53 +365,15 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path
     assert casts['on, bfloat16'] > casts['on'], casts
 
 
-@pytest.mark.slow
-def test_ps_round_trip_times_transfers_and_splits_the_step_into_its_parts(tmp_path):
-  # The ps task on a CPU of its own where there are two: the pinned path runs it all.
-  cpus = sorted(os.sched_getaffinity(0))
-  pin = ['--ps_cpus=%d' % cpus[-1]] if len(cpus) > 1 else []
-  run = helpers.run(['benchmarks/ps_round_trip.py', '--rounds=3'] + pin, timeout=TIMEOUT_SECS,
-                    env=helpers.user_env(TMPDIR=str(tmp_path)))
-  assert run.code == 0, run.log()
-  assert os.listdir(tmp_path) == []  # the hooks' checkpoints and summaries removed
-  if pin:
-    assert 'the ps task on CPUs %d, this worker on CPUs %s\n' % (
-        cpus[-1], ','.join(map(str, cpus[:-1]))) in run.out
-  assert '10 variables, 4.3 MB; ms per sess.run, median of 3' in run.out
-  rows = dict(re.findall(r'^(read|send|both) +([\d.]+ +[\d.]+)$', run.out, re.M))
-  assert sorted(rows) == ['both', 'read', 'send']
-  for kind, pair in rows.items():
-    via_ps, local = map(float, pair.split())
-    assert via_ps > local > 0, kind  # 4.3 MB through gRPC costs more than in memory
-  split = re.findall(r'^(local|local plain|ps plain|\+ claim|\+ averages|\+ hooks|summary step|'
-                     r'save step|sync): .* +([\d.]+)(?: +([-+][\d.]+))? +([\d.]+) +([\d.]+)$',
-                     run.out, re.M)
-  assert [kind for kind, _, _, _, _ in split] == [
-      'local', 'local plain', 'ps plain', '+ claim', '+ averages', '+ hooks', 'summary step',
-      'save step', 'sync']
-  assert all(float(ms) > 0 and float(cpu) > 0 for _, ms, _, cpu, _ in split)
-  assert all(added for kind, _, added, _, _ in split[1:])  # each row says what it adds
-  # The ps task's CPU: it works when the variables live on it, not in the local steps.
-  ps_cpu = {kind: float(ms) for kind, _, _, _, ms in split}
-  assert ps_cpu['local plain'] < ps_cpu['ps plain'] / 3, ps_cpu
-  assert re.search(r'^  moving the variables \(both, via ps - local\) +[\d.]+$', run.out, re.M)
-  assert re.search(r'^  the distributed runtime \(the rest\) +-?[\d.]+$', run.out, re.M)
-  assert re.search(r"^an async step \(\+ hooks\) runs at [\d.]+x multi_gpu_train.py's rate; a "
-                   r'sync step at [\d.]+x$', run.out, re.M)
-  assert re.search(r'^CPU ms per step, worker and ps task together: async [\d.]+, sync [\d.]+, '
-                   r'local [\d.]+ \(this process on CPUs [\d,]+\)$', run.out, re.M)
-  assert 'Saved checkpoint' not in run.out
-
 _ONCE = '''
 import sys, time, types, pathlib
-sys.path.insert(0, sys.argv[1])
-import helpers
-base, count = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+import helpers  # tests/helpers.py: the cwd
+base, count = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def setup(directory):
   with open(count, "a") as f:
     f.write("ran\\n")
   time.sleep(1)  # the other process asks meanwhile
-  if sys.argv[4] == "fail":
+  if sys.argv[3] == "fail":
     raise AssertionError("exited with 1; whole log: /x/001-benchmark.py.log")
   return {"table": 1}
 factory = types.SimpleNamespace(getbasetemp=lambda: base)
@@ -425,8 +388,8 @@ except AssertionError as e:
 def test_once_per_run_two_xdist_processes_run_the_setup_once(tmp_path, outcome):
   count = tmp_path / 'count'
   tasks = [subprocess.Popen(  # each its worker's base directory, as xdist gives them
-      [sys.executable, '-c', _ONCE, os.path.join(helpers.ROOT, 'tests'),
-       str(tmp_path / worker), str(count), outcome], text=True, stdout=subprocess.PIPE,
+      [sys.executable, '-c', _ONCE, str(tmp_path / worker), str(count), outcome], text=True,
+      stdout=subprocess.PIPE, cwd=os.path.join(helpers.ROOT, 'tests'),
       env=helpers.user_env(PYTEST_XDIST_WORKER=worker)) for worker in ('gw0', 'gw1')]
   outs = [task.communicate(timeout=120)[0].strip() for task in tasks]
   assert count.read_text() == 'ran\n', outs

@@ -27,8 +27,8 @@ def then_average(update_op, ema):
   Each average is computed beside its variable. Under dist_train.py's
   replica_device_setter the arithmetic of ema.apply() would otherwise land on the
   worker: every variable and its average read over the network, the new average sent
-  back, three times the model's 4.3 MB per step (measured: 8.4 ms a step on 127.0.0.1,
-  benchmarks/ps_round_trip.py). On one machine everything is on /cpu:0 either way.
+  back, three times the model's 4.3 MB per step (what it cost: docs/performance.md,
+  "What distribution costs"). On one machine everything is on /cpu:0 either way.
   """
   averaged = []
   with tf.control_dependencies([update_op]):  # the averages read the updated values
