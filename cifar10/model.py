@@ -108,9 +108,10 @@ def lrn(x, name):
   Equals tf.nn.lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75): each
   value divided by t^0.75, t = 1 + alpha * the sum of squares over its channel and
   the 4 on each side. The sums are one matmul of the squares by a band of ones, and
-  t^-0.75 is rsqrt(t * sqrt(t)). Forward and backward on [128, 12, 12, 64] take
-  2.3 ms against tf.nn.lrn's 9.8 ms (its gradient runs Eigen's LRNGrad even with
-  oneDNN on) and agree with it to 3e-7 (tests/test_cifar10_model.py).
+  t^-0.75 is rsqrt(t * sqrt(t)). Forward and backward, it is several times faster
+  than tf.nn.lrn (whose gradient runs Eigen's LRNGrad even with oneDNN on;
+  docs/performance.md has the times) and agrees with it to 3e-7
+  (tests/test_cifar10_model.py).
 
   Args:
     x: [batch, height, width, channels], float32, or float16 or bfloat16 (--use_fp16,
@@ -127,8 +128,8 @@ def lrn(x, name):
 
 @tf.custom_gradient
 def _lrn_float32(x):
-  """lrn on float32 x, with its gradient written out: 2 tensors of x's size fewer
-  and 1.4x faster than TensorFlow's derivation of the same ops."""
+  """lrn on float32 x, with its gradient written out: 2 tensors of x's size fewer,
+  and faster than TensorFlow's derivation of the same ops (docs/performance.md)."""
   depth = x.shape.as_list()[-1]  # an int; shape[-1] is a Dimension under v1 behaviour
   channel = np.arange(depth)
   within = np.abs(channel[:, None] - channel[None, :]) <= LRN_DEPTH_RADIUS

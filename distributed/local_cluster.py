@@ -41,12 +41,11 @@ END_SECS = 60                # once the workers (or the ps tasks) have ended, th
 LAUNCHER_FLAGS = ['local_cluster', 'job_name', 'task_index', 'ps_hosts', 'worker_hosts',
                   'cluster', 'num_ps', 'slurm_port_base']
 DIE_WITH_LAUNCHER_ENV = 'DIST_TRAIN_LAUNCHER_PID'  # set for the tasks this launcher starts
-TASK_MEMORY_BYTES = 480e6    # one task's own memory (RssAnon), measured (1 ps, 2 workers,
-                             # --synthetic, TensorFlow 2.21, x86): a CIFAR-10 worker at
-                             # --batch_size=128 464 MB, a ps task 314 MB (docs/distributed.md)
-LIBRARY_MEMORY_BYTES = 430e6  # TensorFlow's library pages (RssFile, 412-427 MB a task): one
-                              # copy, shared by every task of the machine; Slurm's MaxRSS
-                              # counts them in each task (about 0.9 GB a worker)
+TASK_MEMORY_BYTES = 480e6    # one task's own memory (RssAnon), above a CIFAR-10 worker's
+                             # at --batch_size=128 as measured (docs/distributed.md)
+LIBRARY_MEMORY_BYTES = 430e6  # TensorFlow's library pages (RssFile): one copy, shared by
+                              # every task of the machine; Slurm's MaxRSS counts them in
+                              # each task (docs/distributed.md)
 
 # Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000

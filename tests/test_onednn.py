@@ -39,7 +39,7 @@ def test_decide_auto_avx2_without_vnni_is_on_as_measured():
   choice = machine.decide('auto', {}, 'x86_64', AVX2_ONLY)
   assert choice.on is True and choice.how == 'auto'
   assert choice.why == ('auto, measured %.1fx faster for the CIFAR-10 model on CPUs with AVX2 and '
-                        'without AVX512_VNNI (benchmarks/benchmark.py)' % machine.MEASURED_SPEEDUP)
+                        'without AVX512_VNNI (python -m benchmarks)' % machine.MEASURED_SPEEDUP)
 
 
 def test_decide_auto_vnni_or_amx_is_tensorflows_own_on():

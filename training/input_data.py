@@ -341,8 +341,8 @@ def seeded_dataset(records, num_records, global_batch, seed, start_step, num_uni
   is ever materialised), and each sample's random values from (seed, epoch, its
   position). Nothing depends on the batch size, the towers or where a run
   resumed: a run resumed at step k starts at sample k * global_batch at no cost.
-  No Python runs in the pipeline (a tf.data generator slows every later session
-  of the process by a third, measured).
+  No Python runs in the pipeline: a tf.data generator slows every later session
+  of the process (docs/trainer.md).
 
   Args:
     records: a uint8 [N, record_bytes] tensor or variable, held on the CPU.

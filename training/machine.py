@@ -2,8 +2,8 @@
 (oneDNN on or off), its GPUs, its bfloat16 units, the memory a step may use.
 
 oneDNN on or off is chosen before TensorFlow is imported: TensorFlow reads
-TF_ENABLE_ONEDNN_OPTS once. Every program calls choose(sys.argv) before its first `import tensorflow`, through
-training/prelude.py:
+TF_ENABLE_ONEDNN_OPTS once. Every program calls choose(sys.argv) before its first
+`import tensorflow`, through training/prelude.py:
 
     from training import prelude
     if __name__ == '__main__':
@@ -17,7 +17,7 @@ Who wins, first first:
      the flag, so absl accepts it and --helpshort lists it).
   3. --onednn=auto, the default: on where it was measured faster for the CIFAR-10
      model (x86 with AVX2 but none of the instructions below, where TensorFlow 2.21
-     leaves it off: benchmarks/benchmark.py's table, 1.4x at one tower); TensorFlow's
+     leaves it off: the table of python -m benchmarks, docs/performance.md); TensorFlow's
      own choice elsewhere (it turns oneDNN on itself on CPUs with those
      instructions; other architectures were not measured).
 --seed takes the same choice: with oneDNN on, as with it off, two runs of one seed
@@ -48,8 +48,8 @@ CHOICES = ('auto', 'on', 'off')
 # Any of these and TensorFlow 2.21 turns oneDNN on by itself (/proc/cpuinfo names).
 TF_ON_WITH = ('avx512_vnni', 'avx512_bf16', 'avx_vnni', 'amx_tile', 'amx_bf16', 'amx_int8')
 MEASURED_FASTER_WITH = 'avx2'        # ... and without them: measured faster, so on
-MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off; the
-                                     # issue's CPUs 1.52x, 1.33x, 1.40x (docs/performance.md)
+MEASURED_SPEEDUP = 1.4               # ours, one tower, synthetic, oneDNN on over off, as
+                                     # the start-up line says it (docs/performance.md)
 X86 = ('x86_64', 'amd64', 'i386', 'i686')
 
 
@@ -135,7 +135,7 @@ def decide(flag, environ, machine, flags_of_cpu):
         sorted(f.upper() for f in flags_of_cpu & set(TF_ON_WITH))))
   if MEASURED_FASTER_WITH in flags_of_cpu:
     return Choice(True, 'auto', 'auto, measured %.1fx faster for the CIFAR-10 model on CPUs '
-                  'with %s and without AVX512_VNNI (benchmarks/benchmark.py)'
+                  'with %s and without AVX512_VNNI (python -m benchmarks)'
                   % (MEASURED_SPEEDUP, MEASURED_FASTER_WITH.upper()))
   return Choice(False, 'auto', 'auto, TensorFlow\'s default on CPUs without %s (not '
                 'measured here)' % MEASURED_FASTER_WITH.upper())
@@ -299,8 +299,9 @@ def bfloat16_units(on_gpus, gpu_capabilities, cpu_flags, onednn_on):
   """Whether the towers' devices have bfloat16 units. Pure: bfloat16_units_here() reads
   the machine.
 
-  Without them bfloat16 is emulated, slower than float32: on this project's CPU,
-  whose AVX512_BF16 only oneDNN uses, the step took 10x float32's with oneDNN off.
+  Without them bfloat16 is emulated, slower than float32: on a CPU whose
+  AVX512_BF16 only oneDNN uses, many times float32's step with oneDNN off
+  (docs/trainer.md, "bfloat16").
 
   Args:
     on_gpus: bool, the towers run on GPUs (placement.tower_devices found enough).

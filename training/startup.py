@@ -163,9 +163,9 @@ def estimate_step_bytes(fetches, device_type=None):
   forward activation once the backward pass has used it, so not everything
   counted here is alive at once; and it leaves out what no graph shows: the
   session's runtime, its thread pools, and the scratch memory of kernels (a
-  convolution's workspace). On a CPU it is 2.2-4x the measured rise in peak memory
-  of a CIFAR-10 step of 128 images or more (1.4x at 32), and 1.6-2.2x of an MNIST
-  step of 10,000 (tests/test_memory_check.py gives the table).
+  convolution's workspace). On a CPU it counts more than a step's measured rise in
+  peak memory, never less (docs/faults.md, "A step too large for memory", gives the
+  table).
 
   Args:
     fetches: a tf.Graph, or a list of tf.Operation / tf.Tensor (the train op,

@@ -82,8 +82,8 @@ class SummaryWriter:
   def note_speed(self, examples_per_sec):
     """A step that computed no summary ran at this speed; write_summary() writes the median.
 
-    Not a summary step's own: it also computes every histogram, and ran 4-5x slower
-    than the steps the console times (661 against 3,340 examples/sec on one run).
+    Not a summary step's own: it also computes every histogram, and runs several
+    times slower than the steps the console times (docs/trainer.md, "TensorBoard").
     """
     self._speeds.append(examples_per_sec)
 
