@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from training import machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Bounds on waits that end long before them on a healthy run, loaded or not: a run
@@ -539,8 +538,9 @@ def one_train_step(num_towers, images, labels, start_values=None, model=None):
 
 
 def bfloat16_units():
-  """training.mixed_precision.bfloat16_units_here(1): where it is not ok, --use_bf16
-  is refused and the tests that train in bfloat16 are skipped, saying why."""
+  """training.machine.bfloat16_units_here(1): where it is not ok, --use_bf16 is
+  refused and the tests that train in bfloat16 are skipped, saying why."""
+  from training import machine
   return machine.bfloat16_units_here(1)
 
 
