@@ -243,7 +243,7 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   name = posixpath.basename(urllib.parse.urlparse(data_url).path) or 'cifar-10-binary.tar.gz'
   archive = os.path.join(data_dir, name)
   if os.path.isdir(data_dir):
-    _remove_leftovers(data_dir, name)
+    _remove_killed_downloads(data_dir, name)
   if os.path.isdir(dest):
     try:
       check_data_files(paths, per_file)
@@ -299,9 +299,9 @@ def _fetch(data_url, data_dir, archive, data_md5, expected_bytes, deadlines):
     raise
 
 
-def _remove_leftovers(data_dir, name):
+def _remove_killed_downloads(data_dir, name):
   """Temporary names of killed downloads and extractions (see training/input_data.py)."""
-  input_data.remove_leftovers(data_dir, [
+  input_data.remove_killed_downloads(data_dir, [
       re.escape(EXTRACT_PREFIX) + r'(\d+)-',
       re.escape('.%s.' % name) + r'(\d+)\..*\.part$'])
 

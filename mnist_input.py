@@ -163,7 +163,7 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None, deadlines
                     'their own published md5s. Drop --data_md5.')
   data_url = data_url or DATA_URL
   if os.path.isdir(data_dir):
-    input_data.remove_leftovers(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
+    input_data.remove_killed_downloads(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
         re.escape(n) for n in list(SOURCES) + list(SPLITS))])
   for record_file, sources in SPLITS.items():
     path = os.path.join(data_dir, record_file)

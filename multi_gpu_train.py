@@ -34,7 +34,7 @@ import tensorflow as tf
 
 import cifar10
 import data_sets
-from training import (async_towers, checkpoints, directory, errors, input_data, machine,
+from training import (async_towers, checkpoints, errors, input_data, machine,
                       mixed_precision, placement, run_record, signals, startup, steps)
 from training import settings as trainer_settings
 from training.summaries import build_summaries, open_writer
@@ -285,7 +285,7 @@ def write_start(graph, run, settings, data, where, epoch, describe):
       (list(graph.train_ops) if settings.async_towers else [graph.train_op]) + [graph.loss] +
       ([graph.summary_op] if graph.summary_op is not None else []), settings)
   if settings.fresh:
-    directory.set_aside(settings.train_dir)
+    checkpoints.set_aside(settings.train_dir)
   record = describe(run.start_step)
   run_record.write_and_compare(settings.train_dir, record)
   startup.print_versions(where)

@@ -1,21 +1,27 @@
 """Checkpoints: the one to resume (read whole), saving with rotation, failed writes.
 
     path, step, notes = checkpoint_to_resume(train_dir)  # also clears leftovers
+    set_aside(train_dir)                    # --fresh: the run files moved aside
     saver = make_saver(var_list)            # relative paths; never deletes anything
     save_checkpoint(sess, saver, train_dir, step, keep)  # writes, rotates; one-line errors
 
 Nothing here builds a model or reads flags. Errors are errors.TrainingError.
 """
+import fnmatch
 import os
 import re
+import shutil
+import time
 
 import tensorflow as tf
 
-from training.directory import (CHECKPOINT_PREFIX, STATE_FILE, entries, read_bounded, remove,
-                                write_whole)
+from training.directory import entries, read_bounded, remove, write_whole
 from training.errors import TrainingError, one_line, os_error
 
 
+CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
+STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
+RUN_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
 CHECKPOINT_INDEX = re.compile(r'model\.ckpt-(\d+)\.index$')  # one file per checkpoint
 STATE_FILE_MAX_BYTES = 1 << 20  # 'checkpoint' names a few paths; larger is not one
 
@@ -344,3 +350,22 @@ def save_if_finite(sess, saver, train_dir, step, keep, all_finite, model_name, l
   print('Saved checkpoint %s' % save_checkpoint(sess, saver, train_dir, step, keep),
         flush=True)
   return step
+
+
+def set_aside(train_dir):
+  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
+  found = sorted(name for name in entries(train_dir)
+                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES))
+  if not found:
+    return
+  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
+  try:
+    os.makedirs(dest)
+    for name in found:
+      shutil.move(os.path.join(train_dir, name), dest)
+  except OSError as e:
+    raise TrainingError('--fresh cannot move the files of %s into %s: %s. Move them '
+                        'yourself, or point --train_dir at an empty directory.'
+                        % (train_dir, dest, e.strerror or e)) from None
+  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
+        'no longer need them.' % (len(found), train_dir, dest, ', '.join(found)))

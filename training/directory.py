@@ -9,22 +9,17 @@ runs/g1 and runs/g2. Messages name the flags a user would change (--train_dir,
 import contextlib
 import errno
 import fcntl
-import fnmatch
 import json
 import os
 import re
 import shutil
 import stat
-import time
 
 from training.errors import TrainingError
 
 
-CHECKPOINT_PREFIX = 'model.ckpt'  # files model.ckpt-<step>.{index,data-*}, as the tutorial
-STATE_FILE = 'checkpoint'         # TensorFlow's name for the file naming the latest
 LOCK_FILE = '.lock'               # held by the running trainer; holds its PID
 GLOB_CHARACTERS = '*?[\\'         # TensorFlow's checkpoint reader expands these in a path
-TRAIN_DIR_FILES = [STATE_FILE, CHECKPOINT_PREFIX + '-*', 'events.out.tfevents.*', 'run-*.json']
 MAX_JSON_DEPTH = 100              # levels of [ and {: a run record has 4, TF_CONFIG 3
 
 
@@ -198,22 +193,3 @@ def remove(path):
   else:
     with contextlib.suppress(FileNotFoundError):
       os.remove(path)
-
-
-def set_aside(train_dir):
-  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
-  found = sorted(name for name in entries(train_dir)
-                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in TRAIN_DIR_FILES))
-  if not found:
-    return
-  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
-  try:
-    os.makedirs(dest)
-    for name in found:
-      shutil.move(os.path.join(train_dir, name), dest)
-  except OSError as e:
-    raise TrainingError('--fresh cannot move the files of %s into %s: %s. Move them '
-                        'yourself, or point --train_dir at an empty directory.'
-                        % (train_dir, dest, e.strerror or e)) from None
-  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
-        'no longer need them.' % (len(found), train_dir, dest, ', '.join(found)))

@@ -254,7 +254,7 @@ def remove_if_empty(data_dir, created):
 
 # ---- What killed runs leave behind -----------------------------------------------
 
-def remove_leftovers(data_dir, patterns):
+def remove_killed_downloads(data_dir, patterns):
   """Removes temporary files and directories of killed downloads and conversions.
 
   Args:
