@@ -10,6 +10,7 @@ import fcntl
 import itertools
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -112,6 +113,27 @@ def run(argv, timeout=RUN_TIMEOUT_SECS, env=None, cwd=ROOT, **kwargs):
     raise AssertionError('still running after %d s: %s' % (
         timeout, write_log(argv, 'a kill', text))) from None
   return Run(argv, done.returncode, done.stdout, done.stderr)
+
+
+def file_size_limit(limit):
+  """A preexec_fn for run(): the program can write no file past limit bytes (RLIMIT_FSIZE)."""
+  def preexec():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  return preexec
+
+
+def trainer_argv(sample, train_dir, *extra):
+  """multi_gpu_train.py's command line on a Sample: 8 images and a loss line a step, no
+  summaries. Run by this Python without -u: the trainer flushes its lines itself."""
+  return [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
+          '--summary_steps=0', '--log_frequency=1', '--train_dir=%s' % train_dir
+          ] + sample.flags + list(extra)
+
+
+def run_eval_once(sample, checkpoint_dir, eval_dir):
+  """Runs cifar10_eval.py --run_once on a Sample to the end; returns its Run."""
+  return run(['cifar10_eval.py', '--run_once', '--checkpoint_dir=%s' % checkpoint_dir,
+              '--eval_dir=%s' % eval_dir] + sample.flags)
 
 
 def _text(data):
