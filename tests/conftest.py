@@ -1,4 +1,4 @@
-"""Fixtures several test files use; the helpers they call are in tests/helpers.py.
+"""Fixtures several test files use; the helpers they call are in tests/helpers/.
 
 The data sets are written once per test process by the product's own sample
 writers; a test that changes one makes its own. Every process a test starts
@@ -40,7 +40,7 @@ MNIST_SAMPLE_RECORDS = (2000, 500)  # train, test
 @pytest.fixture(scope='session', autouse=True)
 def whole_logs(tmp_path_factory):
   """Failed subprocess checks write whole logs under this session's temporary directory."""
-  helpers.LOG_DIR = str(tmp_path_factory.getbasetemp() / 'logs')
+  helpers.processes.LOG_DIR = str(tmp_path_factory.getbasetemp() / 'logs')
 
 
 @pytest.fixture(scope='session')

@@ -175,12 +175,13 @@ def unknown_flags(argv, known_flags):
   return [flag for flag in flags_of(argv) if flag not in known_flags[argv[1]]]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture
 def known_flags(helpshort):
   """{'dist_train.py': the flags it lists, 'cifar10_eval.py': the flags it lists}.
 
   Each program's own --helpshort (tests/test_first_run.py checks that it lists every
-  flag the program accepts and no other), not the flags this process happens to hold.
+  flag the program accepts and no other), not the flags this process happens to hold;
+  read for each test from helpshort's runs, which start each program once a process.
   """
   return {program: helpers.listed_flags(helpshort(program).out)
           for program in ('dist_train.py', 'cifar10_eval.py')}

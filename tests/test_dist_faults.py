@@ -46,6 +46,91 @@ def training(task):
   task.wait_for(helpers.TRAINING_FROM, 'a session')
 
 
+def backup_worker_cluster(start, sample, train_dir, max_steps, save_every):
+  """start(job_name, task_index) -> Task, for a hand-started sync job on the sample:
+  1 ps task and 3 workers, each update averaging 2 gradients (one worker is a backup)."""
+  ps_port, *worker_ports = local_cluster.free_ports(4)
+  ps_hosts = ['127.0.0.1:%d' % ps_port]
+  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
+  flags = QUICK_FLAGS + sample.flags + ['--train_dir=%s' % train_dir,
+                         '--sync_replicas', '--replicas_to_aggregate=2',
+                         '--max_steps=%d' % max_steps, '--save_every_n_steps=%d' % save_every,
+                         '--summary_steps=0']
+  return lambda job_name, task_index: start(local_cluster.task_command(
+      job_name, task_index, ps_hosts, worker_hosts, flags))
+
+
+def chief_held_until_all_train(workers):
+  """Pauses the chief at its first step until the other workers train, then resumes it."""
+  chief = workers[0]
+  chief.wait_for(WORKER_LOSS_LINE, 'first step')
+  chief.send(signal.SIGSTOP)
+  for worker in workers[1:]:
+    training(worker)
+  chief.send(signal.SIGCONT)
+
+
+def worker_2_killed_and_rejoined(start, workers):
+  """Kills worker 2, restarts it once 3 updates landed without it, and returns once it
+  has taken a step: (its new Task, the chief's last step before the kill)."""
+  # Worker 2 dies once in the run (its session open): the other two keep supplying
+  # 2 gradients per update, and each update leaves one token more than they take.
+  chief = workers[0]
+  workers[2].kill()
+  at_kill = max(helpers.steps(WORKER_LOSS_LINE, chief.lines))
+  chief.wait_for(step_at_least(at_kill + 3), 'updates without worker 2',
+                 start=len(chief.lines))
+  for worker in workers[:2]:
+    worker.send(signal.SIGSTOP)
+  rejoined = start('worker', 2)
+  training(rejoined)
+  # Its first step needs a token. With both others paused the queue may hold none:
+  # they take the spare tokens as they come, and a gradient found stale spends one.
+  # The chief runs on (worker 1 still paused): its queue runner lands updates of the
+  # gradients in, each handing out tokens, so one reaches worker 2.
+  chief.send(signal.SIGCONT)
+  rejoined.wait_for(count_steps(rejoined, 1), 'a step after rejoining')
+  workers[1].send(signal.SIGCONT)
+  return rejoined, at_kill
+
+
+def chief_killed_past_a_checkpoint(chief, save_every):
+  """Kills the chief 4 steps past a checkpoint (of step save_every or later), 1 before
+  the next one; returns that checkpoint's step."""
+  saved = [max([0] + helpers.steps(SAVED_LINE, chief.lines))]
+
+  def past_checkpoint(line):
+    found = SAVED_LINE.match(line)
+    if found:
+      saved[0] = int(found.group(1))
+    step = step_at_least(saved[0] + 4)(line)
+    return saved[0] >= save_every and step and (saved[0], step)
+  checkpoint_step, _ = chief.wait_for(
+      past_checkpoint, 'the chief 4 steps past a checkpoint', start=len(chief.lines))
+  chief.kill()
+  return checkpoint_step
+
+
+def assert_resumed_from(chief, checkpoint_step, train_dir):
+  """The restarted chief resumes from the checkpoint of checkpoint_step and never writes
+  that checkpoint again."""
+  resuming = chief.wait_for(RESUMING_LINE, 'resuming')
+  # It restores the last checkpoint, at the global step stored in it. In sync mode
+  # the chief's queue runner may land an update while the saver writes, so the
+  # file named model.ckpt-N can hold step N + 1 (TensorFlow's CheckpointSaverHook
+  # reads the step for the name before it saves the variables).
+  assert int(resuming.group(1)) == checkpoint_step
+  restored = int(resuming.group(2))
+  assert restored == helpers.global_step(train_dir / ('model.ckpt-%d' % checkpoint_step))
+  assert checkpoint_step <= restored <= checkpoint_step + 1
+  # The checkpoint it resumed from is not written again (a rewrite that failed could
+  # lose it): its first save is of a step past it.
+  first_saved = chief.wait_for(SAVED_LINE, 'a checkpoint')
+  assert restored < int(first_saved.group(1)), chief.log()
+  assert not [line for line in chief.lines if line.startswith(
+      'Saved checkpoint %s/model.ckpt-%d' % (train_dir, checkpoint_step))], chief.log()
+
+
 @pytest.mark.slow
 def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks, sample,
                                                                            tmp_path):
@@ -63,75 +148,17 @@ def test_sync_backup_worker_and_chief_killed_and_restarted_reach_max_steps(tasks
   so no other phase waits for one while the others run.
   """
   max_steps, save_every = 50, 5
-  ps_port, *worker_ports = local_cluster.free_ports(4)
-  ps_hosts = ['127.0.0.1:%d' % ps_port]
-  worker_hosts = ['127.0.0.1:%d' % p for p in worker_ports]
-  flags = QUICK_FLAGS + sample.flags + ['--train_dir=%s' % tmp_path,
-                         '--sync_replicas', '--replicas_to_aggregate=2',
-                         '--max_steps=%d' % max_steps, '--save_every_n_steps=%d' % save_every,
-                         '--summary_steps=0']
-
-  def start(job_name, task_index):
-    return tasks(local_cluster.task_command(job_name, task_index, ps_hosts, worker_hosts, flags))
-
+  start = backup_worker_cluster(tasks, sample, tmp_path, max_steps, save_every)
   start('ps', 0)
   workers = [start('worker', i) for i in range(3)]
-  chief = workers[0]
-  chief.wait_for(WORKER_LOSS_LINE, 'first step')
-  chief.send(signal.SIGSTOP)
-  for worker in workers[1:]:
-    training(worker)
-  chief.send(signal.SIGCONT)
-
-  # Worker 2 dies once in the run (its session open): the other two keep supplying
-  # 2 gradients per update, and each update leaves one token more than they take.
-  workers[2].kill()
+  chief_held_until_all_train(workers)
   killed = [workers[2]]
-  at_kill = max(helpers.steps(WORKER_LOSS_LINE, chief.lines))
-  chief.wait_for(step_at_least(at_kill + 3), 'updates without worker 2',
-                 start=len(chief.lines))
-  for worker in workers[:2]:
-    worker.send(signal.SIGSTOP)
-  workers[2] = start('worker', 2)
-  training(workers[2])
-  # Its first step needs a token. With both others paused the queue may hold none:
-  # they take the spare tokens as they come, and a gradient found stale spends one.
-  # The chief runs on (worker 1 still paused): its queue runner lands updates of the
-  # gradients in, each handing out tokens, so one reaches worker 2.
-  workers[0].send(signal.SIGCONT)
-  workers[2].wait_for(count_steps(workers[2], 1), 'a step after rejoining')
-  workers[1].send(signal.SIGCONT)
+  workers[2], at_kill = worker_2_killed_and_rejoined(start, workers)
   assert min(helpers.steps(WORKER_LOSS_LINE, workers[2].lines)) >= at_kill
-
-  # The chief dies 4 steps past a checkpoint, 1 before the next one.
-  saved = [max([0] + helpers.steps(SAVED_LINE, chief.lines))]
-
-  def past_checkpoint(line):
-    found = SAVED_LINE.match(line)
-    if found:
-      saved[0] = int(found.group(1))
-    step = step_at_least(saved[0] + 4)(line)
-    return saved[0] >= save_every and step and (saved[0], step)
-  checkpoint_step, _ = chief.wait_for(
-      past_checkpoint, 'the chief 4 steps past a checkpoint', start=len(chief.lines))
-  chief.kill()
-  killed.append(chief)
-  chief = workers[0] = start('worker', 0)
-  resuming = chief.wait_for(RESUMING_LINE, 'resuming')
-  # It restores the last checkpoint, at the global step stored in it. In sync mode
-  # the chief's queue runner may land an update while the saver writes, so the
-  # file named model.ckpt-N can hold step N + 1 (TensorFlow's CheckpointSaverHook
-  # reads the step for the name before it saves the variables).
-  assert int(resuming.group(1)) == checkpoint_step
-  restored = int(resuming.group(2))
-  assert restored == helpers.global_step(tmp_path / ('model.ckpt-%d' % checkpoint_step))
-  assert checkpoint_step <= restored <= checkpoint_step + 1
-  # The checkpoint it resumed from is not written again (a rewrite that failed could
-  # lose it): its first save is of a step past it.
-  first_saved = chief.wait_for(SAVED_LINE, 'a checkpoint')
-  assert restored < int(first_saved.group(1)), chief.log()
-  assert not [line for line in chief.lines if line.startswith(
-      'Saved checkpoint %s/model.ckpt-%d' % (tmp_path, checkpoint_step))], chief.log()
+  killed.append(workers[0])
+  checkpoint_step = chief_killed_past_a_checkpoint(workers[0], save_every)
+  workers[0] = start('worker', 0)
+  assert_resumed_from(workers[0], checkpoint_step, tmp_path)
 
   local_steps = 0
   for worker in workers:

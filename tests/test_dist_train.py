@@ -35,7 +35,7 @@ from distributed import chief, local_cluster, ps_placement
 import cifar10
 import mnist
 import multi_gpu_train
-from training import run_record, updates
+from training import checkpoints, run_record, updates
 
 
 def start_together(launcher, num_workers):
@@ -91,30 +91,45 @@ def two_worker_run(start, train_dir, *flags):
   return launcher.lines
 
 
+def write_start_checkpoint(train_dir):
+  """Writes model.ckpt-0 of a fresh CIFAR-10 model, its initial weights seeded: the same
+  values at every call, so runs made by separate fixtures start from one point."""
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    batch = (tf.zeros([8, 24, 24, 3]), tf.zeros([8], tf.int32))
+    multi_gpu_train.build(lambda: batch, ['/cpu:0'], 8, cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+                          summaries=False)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      checkpoints.save_checkpoint(sess, checkpoints.make_saver(), str(train_dir), 0, keep=1)
+
+
 @pytest.fixture(scope='module')
 def async_run(module_tasks, tmp_path_factory):
-  """1 ps + 2 async workers on the same synthetic batch, from step 0 to MAX_STEPS."""
-  train_dir = str(tmp_path_factory.mktemp('async'))
-  return train_dir, two_worker_run(module_tasks, train_dir, '--summary_steps=10')
+  """1 ps + 2 async workers on the same synthetic batch, from the start checkpoint to
+  MAX_STEPS."""
+  train_dir = tmp_path_factory.mktemp('async')
+  write_start_checkpoint(train_dir)
+  return str(train_dir), two_worker_run(module_tasks, train_dir, '--summary_steps=10')
 
 
 @pytest.fixture(scope='module')
-def sync_run(module_tasks, async_run, tmp_path_factory):
-  """1 ps + 2 sync workers, from the async run's first checkpoint to MAX_STEPS."""
-  train_dir = os.path.join(str(tmp_path_factory.mktemp('sync')), 'train')
-  helpers.copy_checkpoint(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
-  return train_dir, two_worker_run(module_tasks, train_dir, '--summary_steps=0',
-                                   '--sync_replicas', '--log_frequency=10')
+def sync_run(module_tasks, tmp_path_factory):
+  """1 ps + 2 sync workers, from the start checkpoint to MAX_STEPS."""
+  train_dir = tmp_path_factory.mktemp('sync')
+  write_start_checkpoint(train_dir)
+  return str(train_dir), two_worker_run(module_tasks, train_dir, '--summary_steps=0',
+                                        '--sync_replicas', '--log_frequency=10')
 
 
 @pytest.fixture(scope='module')
-def one_process_run(async_run, tmp_path_factory):
-  """multi_gpu_train.py, one tower, from the same checkpoint on the same batch."""
-  train_dir = os.path.join(str(tmp_path_factory.mktemp('one_process')), 'train')
-  helpers.copy_checkpoint(os.path.join(async_run[0], 'model.ckpt-0'), train_dir)
+def one_process_run(tmp_path_factory):
+  """multi_gpu_train.py, one tower, from the start checkpoint on the same batch."""
+  train_dir = tmp_path_factory.mktemp('one_process')
+  write_start_checkpoint(train_dir)
   multi_gpu_train.train(helpers.trainer_settings(
-      train_dir, '', synthetic=True, max_steps=MAX_STEPS, batch_size=8, summary_steps=0))
-  return train_dir
+      str(train_dir), '', synthetic=True, max_steps=MAX_STEPS, batch_size=8, summary_steps=0))
+  return str(train_dir)
 
 
 @pytest.mark.slow
@@ -233,7 +248,7 @@ def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_proce
   train_dir, lines = sync_run
   logs = helpers.by_task(lines)
   [resuming] = matches(RESUMING_LINE, logs['worker0'])
-  start = int(resuming.group(2))  # the async run's first checkpoint, 0 or 1
+  start = int(resuming.group(2))  # the start checkpoint's step, 0
   done = {w: matches(DONE_LINE, logs[w])[0] for w in ('worker0', 'worker1')}
   assert all(int(d.group(2)) >= 1 for d in done.values())
   # Each update averages 2 worker gradients: the global step counts updates, not steps.
@@ -265,38 +280,50 @@ LOSS_SCALE_VARIABLES = {'loss_scale/scale', 'loss_scale/good_steps',
                         'loss_scale/skipped_steps'}
 
 
-@pytest.fixture(scope='module')
-def mnist_flags(mnist_sample):
-  return ['--dataset=mnist', '--data_dir=%s' % mnist_sample, '--summary_steps=0']
+def mnist_flags(data_dir):
+  return ['--dataset=mnist', '--data_dir=%s' % data_dir, '--summary_steps=0']
+
+
+def mnist_checkpoint(data_dir, scratch_dir, max_steps, use_fp16):
+  """The last checkpoint of multi_gpu_train.py on the MNIST sample, 8 images a step, run
+  in this process into scratch_dir: a cluster's start, made by the cluster's fixture."""
+  multi_gpu_train.train(helpers.trainer_settings(
+      str(scratch_dir), data_dir, dataset='mnist', num_gpus=1, batch_size=8,
+      max_steps=max_steps, summary_steps=0, use_fp16=use_fp16))
+  return tf.train.latest_checkpoint(str(scratch_dir))
 
 
 @pytest.fixture(scope='module')
-def fp16_async_run(module_tasks, mnist_flags, tmp_path_factory):
+def fp16_async_run(module_tasks, mnist_sample, tmp_path_factory):
   """1 ps + 2 async workers in fp16, from step 0 to FP16_STEPS."""
   train_dir = str(tmp_path_factory.mktemp('fp16_async'))
   logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16',
-                           '--max_steps=%d' % FP16_STEPS, *mnist_flags)
+                           '--max_steps=%d' % FP16_STEPS, *mnist_flags(mnist_sample))
   return train_dir, logs
 
 
 @pytest.fixture(scope='module')
-def float32_after_fp16_run(module_tasks, mnist_flags, fp16_async_run, tmp_path_factory):
-  """1 ps + 1 float32 worker, from the fp16 run's last checkpoint, 2 steps more."""
-  train_dir = os.path.join(str(tmp_path_factory.mktemp('float32')), 'train')
-  helpers.copy_checkpoint(tf.train.latest_checkpoint(fp16_async_run[0]), train_dir)
+def float32_after_fp16_run(module_tasks, mnist_sample, tmp_path_factory):
+  """1 ps + 1 float32 worker, from an fp16 checkpoint of step FP16_STEPS, 2 steps more."""
+  root = tmp_path_factory.mktemp('float32')
+  fp16 = mnist_checkpoint(mnist_sample, root / 'fp16', FP16_STEPS, use_fp16=True)
+  assert LOSS_SCALE_VARIABLES <= set(helpers.checkpoint(fp16))  # what the run must ignore
+  train_dir = str(root / 'train')
+  helpers.copy_checkpoint(fp16, train_dir)
   logs = run_local_cluster(module_tasks, 1, 1, train_dir, '--max_steps=%d' % (FP16_STEPS + 2),
-                           *mnist_flags)
+                           *mnist_flags(mnist_sample))
   return train_dir, logs
 
 
 @pytest.fixture(scope='module')
-def fp16_sync_after_float32_run(module_tasks, mnist_flags, float32_after_fp16_run,
-                                tmp_path_factory):
-  """1 ps + 2 sync workers in fp16, from the float32 run's last checkpoint."""
-  train_dir = os.path.join(str(tmp_path_factory.mktemp('fp16_sync')), 'train')
-  helpers.copy_checkpoint(tf.train.latest_checkpoint(float32_after_fp16_run[0]), train_dir)
+def fp16_sync_after_float32_run(module_tasks, mnist_sample, tmp_path_factory):
+  """1 ps + 2 sync workers in fp16, from a float32 checkpoint of step FP16_STEPS + 2."""
+  root = tmp_path_factory.mktemp('fp16_sync')
+  float32 = mnist_checkpoint(mnist_sample, root / 'float32', FP16_STEPS + 2, use_fp16=False)
+  train_dir = str(root / 'train')
+  helpers.copy_checkpoint(float32, train_dir)
   logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16', '--sync_replicas',
-                           '--max_steps=%d' % (FP16_STEPS + 12), *mnist_flags)
+                           '--max_steps=%d' % (FP16_STEPS + 12), *mnist_flags(mnist_sample))
   return train_dir, logs
 
 
@@ -308,7 +335,6 @@ def assert_float32_variables(checkpoint):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('fp16_clusters')
 def test_async_fp16_workers_skip_own_overflows_without_claiming_steps(fp16_async_run):
   train_dir, logs = fp16_async_run
   skips, local_steps = [], 0
@@ -332,8 +358,7 @@ def test_async_fp16_workers_skip_own_overflows_without_claiming_steps(fp16_async
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('fp16_clusters')
-def test_fp16_dist_checkpoint_resumed_by_float32_cluster_ignores_loss_scale(
+def test_fp16_checkpoint_resumed_by_float32_cluster_ignores_loss_scale(
     float32_after_fp16_run):
   train_dir, logs = float32_after_fp16_run
   assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == str(FP16_STEPS)
@@ -347,7 +372,6 @@ def test_fp16_dist_checkpoint_resumed_by_float32_cluster_ignores_loss_scale(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group('fp16_clusters')
 def test_sync_fp16_from_float32_checkpoint_chief_says_skips_global_step_waits(
     fp16_sync_after_float32_run):
   train_dir, logs = fp16_sync_after_float32_run

@@ -1,0 +1,121 @@
+"""What the programs write: checkpoints, event files, the data sets, trees and modes."""
+import collections
+import contextlib
+import glob
+import os
+import shutil
+
+
+# ---- Checkpoints and event files ---------------------------------------------------------
+
+def checkpoint(path):
+  """{variable name: value} of a checkpoint, or of the latest one in a directory."""
+  import tensorflow as tf
+  reader = tf.train.load_checkpoint(str(path))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def global_step(path):
+  """The global step stored in a checkpoint, or in the latest one of a directory."""
+  import tensorflow as tf
+  return int(tf.train.load_checkpoint(str(path)).get_tensor('global_step'))
+
+
+def copy_checkpoint(checkpoint_path, train_dir):
+  """Copies one checkpoint into a new train_dir, as its only (latest) one."""
+  os.makedirs(train_dir)
+  for path in glob.glob(str(checkpoint_path) + '.*'):
+    shutil.copy(path, train_dir)
+  with open(os.path.join(train_dir, 'checkpoint'), 'w') as f:
+    f.write('model_checkpoint_path: "%s"\n' % os.path.basename(str(checkpoint_path)))
+
+
+def event_files(directory):
+  return sorted(glob.glob(os.path.join(str(directory), 'events.out.tfevents.*')))
+
+
+def scalars_per_file(directory, tag):
+  """[{step: value} of tag, one dict per event file in name order], as TensorBoard reads them."""
+  from tensorboard.backend.event_processing import event_accumulator
+  found = []
+  for path in event_files(directory):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    found.append({e.step: e.value for e in events.Scalars(tag)}
+                 if tag in events.Tags()['scalars'] else {})
+  return found
+
+
+def scalars(directory, tag):
+  """{step: value} of tag over every event file of the directory."""
+  merged = {}
+  for values in scalars_per_file(directory, tag):
+    merged.update(values)
+  return merged
+
+
+def summary_tags(directory):
+  """Every tag of every summary value in the directory's event files."""
+  import tensorflow as tf
+  return {value.tag for path in event_files(directory)
+          for event in tf.compat.v1.train.summary_iterator(path)
+          for value in event.summary.value}
+
+
+def scalar_steps_per_file(directory, tag):
+  """[[the step of every event of tag, in order, repeats kept], one list per event file].
+
+  scalars_per_file's dicts keep one value per step; this shows a step written twice.
+  """
+  from tensorboard.backend.event_processing import event_accumulator
+  found = []
+  for path in event_files(directory):
+    events = event_accumulator.EventAccumulator(path, size_guidance={'scalars': 0})
+    events.Reload()
+    found.append([e.step for e in events.Scalars(tag)]
+                 if tag in events.Tags()['scalars'] else [])
+  return found
+
+
+# ---- Data sets, from the product's own sample writers -----------------------------------
+
+class Sample(collections.namedtuple('Sample', ['dir', 'md5'])):
+  """A data set from cifar10_input.write_sample: its directory and its archive's md5."""
+
+  @property
+  def flags(self):
+    return ['--data_dir=%s' % self.dir, '--data_md5=%s' % self.md5]
+
+
+def write_sample(path, records_per_file):
+  """A CIFAR-10 sample in the real binary layout, in path; returns its Sample."""
+  import cifar10_input  # imports TensorFlow: only once a test asks for data
+  return Sample(str(path), cifar10_input.write_sample(str(path), records_per_file))
+
+
+# ---- Files and their modes ---------------------------------------------------------------
+
+def tree(root):
+  """The paths of every file under root, relative to it, sorted."""
+  return sorted(os.path.relpath(os.path.join(d, f), root)
+                for d, _, files in os.walk(str(root)) for f in files)
+
+
+@contextlib.contextmanager
+def umask(mask):
+  """Runs the block under this umask, then restores the one before."""
+  before = os.umask(mask)
+  try:
+    yield
+  finally:
+    os.umask(before)
+
+
+def modes(root):
+  """{path relative to root: permission bits} of every file and directory under root."""
+  found = {}
+  for directory, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(directory, name)
+      found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
+  return found

@@ -1,0 +1,335 @@
+"""Running the programs: to the end (`run`, a Run), or watched line by line (`Task`).
+
+A failed check on a subprocess names a file holding its whole log (`Run.log()`,
+`Task.log()`), not just the tail that fits in the message. Programs run with the
+environment a user's shell gives them: nothing here quiets TensorFlow or hides a GPU
+unless a test asks for it. Running processes are read as Linux's /proc shows them.
+"""
+import collections
+import fcntl
+import itertools
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Bounds on waits that end long before them on a healthy run, loaded or not: a run
+# that reaches one has hung. pytest-timeout (pytest.ini) bounds each test as a whole.
+RUN_TIMEOUT_SECS = 300   # one program, start to end
+WAIT_SECS = 180          # one awaited line of a running program
+LOG_DIR = None           # where whole logs go; conftest.py sets it for the session
+TAIL_LINES = 40
+
+
+# ---- Whole logs, kept for a failure's message -----------------------------------------
+_log_numbers = itertools.count()
+
+
+def write_log(argv, code, text):
+  """Writes a process's whole log to a file; returns a message naming it, with its tail."""
+  global LOG_DIR
+  if LOG_DIR is None:  # outside pytest (helpers used from a shell): this process's own
+    LOG_DIR = tempfile.mkdtemp(prefix='cifar10_test_logs-')
+  os.makedirs(LOG_DIR, exist_ok=True)  # the session's, made on the first failure
+  name = os.path.basename(next((a for a in argv if a.endswith('.py')), argv[0]))
+  path = os.path.join(LOG_DIR, '%03d-%s.log' % (next(_log_numbers), name))
+  with open(path, 'w') as f:
+    f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
+  tail = '\n'.join(text.splitlines()[-TAIL_LINES:])
+  return '%s exited with %s; whole log: %s; it ends:\n%s' % (name, code, path, tail)
+
+
+# ---- Setups shared by the whole run ----------------------------------------------------
+
+def once_per_run(tmp_path_factory, name, setup):
+  """setup(directory)'s result, computed once per pytest run, whatever its processes.
+
+  The first xdist process to ask runs setup under a file lock in a directory of this
+  run shared by all its processes; the others wait for the lock and read the result
+  (JSON) it left. A setup that failed fails each asker with its message, which names the
+  log holding the output (write_log), rather than running again.
+  """
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):  # each worker's is a subdirectory of the run's
+    root = root.parent
+  directory = root / name
+  directory.mkdir(exist_ok=True)
+  result, failure = directory / 'result.json', directory / 'failure.txt'
+  with open(directory / 'lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not result.exists() and not failure.exists():
+      try:
+        result.write_text(json.dumps(setup(directory)))
+      except BaseException as e:
+        failure.write_text('%s: %s' % (name, e))
+        raise
+  if failure.exists():
+    raise AssertionError('set up once for the whole run, and failed: %s'
+                         % failure.read_text())
+  return json.loads(result.read_text())
+
+
+# ---- Programs that run to the end -------------------------------------------------------
+
+def user_env(**changes):
+  """This process's environment as a user's shell has it, with changes (None removes)."""
+  env = dict(os.environ)
+  for name, value in changes.items():
+    if value is None:
+      env.pop(name, None)
+    else:
+      env[name] = value
+  return env
+
+
+class Run(collections.namedtuple('Run', ['argv', 'code', 'out', 'err'])):
+  """A program that ran to the end: its argv, exit code, stdout and stderr."""
+
+  def log(self):
+    """Writes the whole output to a file; returns a failure message naming it."""
+    return write_log(self.argv, self.code, 'stdout:\n%s\nstderr:\n%s' % (self.out, self.err))
+
+  @property
+  def errors(self):
+    """The `error: ...` lines of stderr."""
+    return [line for line in self.err.splitlines() if line.startswith('error')]
+
+
+def run(argv, timeout=RUN_TIMEOUT_SECS, env=None, cwd=ROOT, **kwargs):
+  """Runs argv to the end; a script name first runs it with this Python. Returns a Run."""
+  if argv[0].endswith('.py'):
+    argv = [sys.executable, os.path.join(ROOT, argv[0])] + list(argv[1:])
+  try:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                          env=user_env() if env is None else env, cwd=cwd, **kwargs)
+  except subprocess.TimeoutExpired as e:
+    text = 'stdout:\n%s\nstderr:\n%s' % (_text(e.stdout), _text(e.stderr))
+    raise AssertionError('still running after %d s: %s' % (
+        timeout, write_log(argv, 'a kill', text))) from None
+  return Run(argv, done.returncode, done.stdout, done.stderr)
+
+
+def file_size_limit(limit):
+  """A preexec_fn for run(): the program can write no file past limit bytes (RLIMIT_FSIZE)."""
+  def preexec():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  return preexec
+
+
+def trainer_argv(sample, train_dir, *extra):
+  """multi_gpu_train.py's command line on a Sample: 8 images and a loss line a step, no
+  summaries. Run by this Python without -u: the trainer flushes its lines itself."""
+  return [sys.executable, os.path.join(ROOT, 'multi_gpu_train.py'), '--batch_size=8',
+          '--summary_steps=0', '--log_frequency=1', '--train_dir=%s' % train_dir
+          ] + sample.flags + list(extra)
+
+
+def run_eval_once(sample, checkpoint_dir, eval_dir):
+  """Runs cifar10_eval.py --run_once on a Sample to the end; returns its Run."""
+  return run(['cifar10_eval.py', '--run_once', '--checkpoint_dir=%s' % checkpoint_dir,
+              '--eval_dir=%s' % eval_dir] + sample.flags)
+
+
+def _text(data):
+  return data.decode(errors='replace') if isinstance(data, bytes) else (data or '')
+
+
+# ---- Programs watched while they run -----------------------------------------------------
+
+class Task:
+  """One running process in a session of its own; its lines read as they come.
+
+  `lines` holds stdout and stderr merged in the order they arrived (`arrived`: when,
+  by time.time()); `out` and `err` each stream alone. Signals go to the process (`send`), `kill` takes its whole
+  process group (a launcher's tasks too).
+  """
+
+  @staticmethod
+  def python_argv(script):
+    """The argv that runs one of the project's scripts unbuffered with this Python."""
+    return [sys.executable, '-u', os.path.join(ROOT, script)]
+
+  def __init__(self, argv, env=None, cwd=ROOT):
+    if argv[0].endswith('.py'):
+      argv = self.python_argv(argv[0]) + list(argv[1:])
+    self.argv = argv
+    self.process = subprocess.Popen(argv, cwd=cwd, env=user_env() if env is None else env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, bufsize=1, start_new_session=True)
+    self.lines, self.arrived, self.out_lines, self.err_lines = [], [], [], []
+    self._changed = threading.Condition()
+    self._readers = [threading.Thread(target=self._read, args=(pipe, own), daemon=True)
+                     for pipe, own in ((self.process.stdout, self.out_lines),
+                                       (self.process.stderr, self.err_lines))]
+    for reader in self._readers:
+      reader.start()
+
+  @property
+  def pid(self):
+    return self.process.pid
+
+  @property
+  def out(self):
+    with self._changed:
+      return ''.join(line + '\n' for line in self.out_lines)
+
+  @property
+  def err(self):
+    with self._changed:
+      return ''.join(line + '\n' for line in self.err_lines)
+
+  @property
+  def text(self):
+    with self._changed:
+      return '\n'.join(self.lines)
+
+  def _read(self, pipe, own):
+    for line in pipe:
+      with self._changed:
+        own.append(line.rstrip('\n'))
+        self.lines.append(own[-1])
+        self.arrived.append(time.time())
+        self._changed.notify_all()
+    with self._changed:
+      self._changed.notify_all()
+
+  def _reading(self):
+    return any(reader.is_alive() for reader in self._readers)
+
+  def wait_for(self, condition, what, start=0, timeout=WAIT_SECS):
+    """Returns the first truthy condition(line) over lines[start:], as they come.
+
+    condition: a function of one line, or a compiled pattern (its match).
+    """
+    if hasattr(condition, 'match'):
+      condition = condition.match
+    deadline = time.time() + timeout
+    with self._changed:
+      while True:
+        for line in self.lines[start:]:
+          found = condition(line)
+          if found:
+            return found
+        start = len(self.lines)
+        if not self._reading() or time.time() > deadline:
+          raise AssertionError('no %s within %d s: %s' % (what, timeout, self.log()))
+        self._changed.wait(0.5)
+
+  def finish(self, timeout=RUN_TIMEOUT_SECS):
+    """Waits for the exit; returns its exit code (the output is in lines, out, err)."""
+    try:
+      code = self.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+      self.kill()
+      raise AssertionError('still running after %d s: %s' % (timeout, self.log())) from None
+    for reader in self._readers:
+      reader.join(30)
+    return code
+
+  def send(self, signum):
+    """Sends signum to the process (SIGSTOP pauses it, SIGCONT resumes it)."""
+    os.kill(self.process.pid, signum)
+
+  def kill(self):
+    """Kills its process group, if anything is left of it, and reaps the process."""
+    try:
+      os.killpg(self.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self.process.wait()
+
+  def log(self):
+    """Writes every line so far to a file; returns a failure message naming it."""
+    return write_log(self.argv, self.process.poll(), self.text)
+
+
+def started_tasks():
+  """A generator for fixtures: yields start(argv, env=None) -> Task, then kills them all."""
+  started = []
+
+  def start(argv, env=None):
+    started.append(Task(argv, env))
+    return started[-1]
+  yield start
+  for task in started:
+    task.kill()
+
+
+# ---- Running processes, as Linux's /proc shows them ---------------------------------------
+
+def send_and_mark(task, signum, text):
+  """Sends signum to a task, then writes the line `text` into the task's own stdout pipe.
+
+  The line lands behind all the task wrote before the signal was sent, so its place
+  in task.out_lines splits the output in two: before the signal, and after it.
+  """
+  with open('/proc/%d/fd/1' % task.pid, 'w') as pipe:  # open even if the task exits at once
+    task.send(signum)
+    pipe.write(text + '\n')
+
+
+def process_state(pid):
+  """The state letter of a process: R running, S sleeping, T stopped (SIGSTOP), Z exited."""
+  with open('/proc/%d/stat' % pid) as f:
+    return f.read().rsplit(')', 1)[1].split()[0]
+
+
+def signal_pending(pid, signum):
+  """True while signum, sent to the process (not one thread), waits to be delivered."""
+  with open('/proc/%d/status' % pid) as f:
+    mask = next(int(line.split()[1], 16) for line in f if line.startswith('ShdPnd:'))
+  return bool(mask >> (signum - 1) & 1)
+
+
+def signal_caught(pid, signum):
+  """True once the process has a handler of its own for signum (not the default action)."""
+  with open('/proc/%d/status' % pid) as f:
+    mask = next(int(line.split()[1], 16) for line in f if line.startswith('SigCgt:'))
+  return bool(mask >> (signum - 1) & 1)
+
+
+def wait_until(condition, what, task=None, timeout=WAIT_SECS):
+  """Polls condition() until it is true; fails at once, with the log, if the task exits."""
+  deadline = time.time() + timeout
+  while not condition():
+    if (task and task.process.poll() is not None) or time.time() > deadline:
+      raise AssertionError('no %s within %d s%s' % (what, timeout,
+                                                     ': ' + task.log() if task else ''))
+    time.sleep(0.001)
+
+
+def tasks_of(launcher_pid):
+  """{PID: command-line words} of the live processes a --local_cluster launcher started.
+
+  A task's own child (prelude's stderr filter) is not a task while its parent lives;
+  left behind by it, it counts, as anything of a task's left running does.
+  """
+  from distributed import local_cluster
+  marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher_pid)).encode()
+  marked = {}
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open('/proc/%s/environ' % pid, 'rb') as f:
+        if marker not in f.read().split(b'\0'):
+          continue
+      with open('/proc/%s/stat' % pid, 'rb') as f:
+        parent = int(f.read().rpartition(b')')[2].split()[1])
+      with open('/proc/%s/cmdline' % pid, 'rb') as f:
+        marked[int(pid)] = parent, f.read().decode(errors='replace').split('\0')
+    except OSError:  # gone meanwhile
+      pass
+  return {pid: words for pid, (parent, words) in marked.items() if parent not in marked}
+
+
+def task_pid(launcher_pid, job_name, task_index):
+  """The PID of one task a --local_cluster launcher started (AssertionError if none)."""
+  wanted = {'--job_name=%s' % job_name, '--task_index=%d' % task_index}
+  pids = [pid for pid, words in tasks_of(launcher_pid).items() if wanted <= set(words)]
+  assert len(pids) == 1, (job_name, task_index, tasks_of(launcher_pid))
+  return pids[0]
