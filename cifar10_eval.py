@@ -41,8 +41,9 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 
 
 def main(argv):
-  errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  evaluation.main(FLAGS, cifar10, cifar10_input, 'python multi_gpu_train.py')
+  with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
+    evaluation.main(FLAGS, cifar10, cifar10_input, 'python multi_gpu_train.py')
 
 
 if __name__ == '__main__':

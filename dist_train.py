@@ -377,8 +377,8 @@ def main(argv, slurm_cluster=None):
 
   slurm_cluster: what task_cluster.slurm_cluster_first() found before TensorFlow looked for GPUs.
   """
-  errors.refuse_arguments(argv)  # absl has already refused unknown flags
   with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
     check_flags(FLAGS)
     if FLAGS.local_cluster:
       return local_cluster.main(FLAGS)  # its exit code: app.run exits with it

@@ -495,7 +495,8 @@ def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
 
 
 def main(argv):
-  errors.refuse_arguments(argv)  # absl has already refused unknown flags
+  with errors.one_line_errors():
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
   signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
   data = DATASETS[FLAGS.dataset]
   for name in ('train_dir', 'export_dir'):

@@ -42,8 +42,9 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 
 
 def main(argv):
-  errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  evaluation.main(FLAGS, mnist, mnist_input, 'python multi_gpu_train.py --dataset=mnist')
+  with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
+    evaluation.main(FLAGS, mnist, mnist_input, 'python multi_gpu_train.py --dataset=mnist')
 
 
 if __name__ == '__main__':

@@ -414,15 +414,15 @@ def finish(sess, run, graph, writer, last_saved, last_summary, stop):
 
 
 def main(argv):
-  errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)  # --train_dir's among them
-  stop = signals.StopSignals(FLAGS.train_dir)  # next, so that no Ctrl-C or SIGTERM is lost
-  sys.stdout.reconfigure(line_buffering=True)  # each line at once, into `| tee` too
-  trainer_settings.check_trainer_flags(FLAGS)
-  tf.compat.v1.disable_eager_execution()
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
-  key_flags = FLAGS.get_key_flags_for_module(sys.argv[0])
-  with errors.one_line_errors():
+  with errors.one_line_errors():  # every error a user can cause: one line, its exit code
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
+    trainer_settings.apply_dataset_defaults(FLAGS, DATASET_DEFAULTS)  # --train_dir's too
+    stop = signals.StopSignals(FLAGS.train_dir)  # next, so that no Ctrl-C or SIGTERM is lost
+    sys.stdout.reconfigure(line_buffering=True)  # each line at once, into `| tee` too
+    trainer_settings.check_trainer_flags(FLAGS)
+    tf.compat.v1.disable_eager_execution()
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # our own lines say it
+    key_flags = FLAGS.get_key_flags_for_module(sys.argv[0])
     train(trainer_settings.settings_from_flags(FLAGS), stop=stop,
           flag_values={flag.name: flag.value for flag in key_flags},
           flags_given=[flag.name for flag in key_flags if flag.present])

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
-from training import evaluation
+from training import errors, evaluation
 import helpers
 import multi_gpu_train
 
@@ -184,11 +184,10 @@ def test_eval_without_run_once_waits_for_a_checkpoint_saying_so_ctrl_c_stops_it(
 
 def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path, capsys):
   # evaluation.main's first checks, before it changes anything in the process.
-  with pytest.raises(SystemExit) as e:
+  with pytest.raises(errors.EvalError) as e:  # the program prints it, `error: `, exit 1
     evaluation.main(_eval_flags(tmp_path, tmp_path, str(tmp_path / 'data')), cifar10,
                     cifar10_input, 'python multi_gpu_train.py')
-  assert 'give this program a directory of its own' in str(e.value.code)
-  assert str(e.value.code).startswith('error: ')  # exits 1, the message on stderr
+  assert 'give this program a directory of its own' in str(e.value)
   assert capsys.readouterr().out == '' and os.listdir(tmp_path) == []
 
 
@@ -222,10 +221,10 @@ def test_eval_bad_flag_exits_one_line_naming_it_before_anything(tmp_path, capsys
   # Not --run_once: a check that came late would wait for a checkpoint, not exit.
   flags = _eval_flags(**dict(dict(checkpoint_dir=tmp_path / 'train', eval_dir=tmp_path / 'eval',
                                   data_dir=str(tmp_path / 'data'), run_once=False), **changes))
-  with pytest.raises(SystemExit) as e:
+  with pytest.raises(errors.EvalError) as e:
     evaluation.main(flags, cifar10, cifar10_input, 'python multi_gpu_train.py')
-  assert str(e.value.code).startswith('error: ' + expected.replace('{tmp}', str(tmp_path)))
-  assert '\n' not in str(e.value.code)
+  assert str(e.value).startswith(expected.replace('{tmp}', str(tmp_path)))
+  assert '\n' not in str(e.value)
   assert capsys.readouterr().out == '' and os.listdir(tmp_path) == ['file']
 
 

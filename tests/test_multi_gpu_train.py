@@ -556,8 +556,8 @@ def test_rerun_at_max_steps_with_an_edited_constant_says_nothing_to_do_and_what_
 
 
 def _checked(*argv):
-  """check_trainer_flags on this command line: its exit message."""
-  with pytest.raises(SystemExit) as stopped:
+  """check_trainer_flags on this command line: its one-line message."""
+  with pytest.raises(TrainingError) as stopped:
     trainer_settings.check_trainer_flags(helpers.trainer_flags(*argv))
   return str(stopped.value)
 
@@ -574,4 +574,4 @@ def _checked(*argv):
     ('--batch_size=0', '--batch_size must be at least 1, got 0'),
 ])
 def test_flag_out_of_range_stops_in_one_line_naming_it(flag, message):
-  assert _checked(flag) == 'error: ' + message
+  assert _checked(flag) == message

@@ -24,7 +24,7 @@ import helpers
 import mnist
 import mnist_input
 import multi_gpu_train
-from training import errors, evaluation, mixed_precision, machine
+from training import errors, evaluation, machine, mixed_precision
 from training import settings as trainer_settings
 
 FP16_MNIST_PRECISION_GATE = 0.8   # float32's gate in tests/test_mnist.py; measured: see the test
@@ -261,9 +261,9 @@ def _check_flags(*argv):
 
 
 def test_check_flags_bf16_with_fp16_refused_in_one_line_with_async_towers_taken():
-  with pytest.raises(SystemExit) as stopped:
+  with pytest.raises(errors.TrainingError) as stopped:
     _check_flags('--use_bf16', '--use_fp16')
-  assert str(stopped.value) == ('error: --use_fp16 and --use_bf16 each set what the towers '
+  assert str(stopped.value) == ('--use_fp16 and --use_bf16 each set what the towers '
                                 'compute in; pass one of the two.')
   _check_flags('--use_bf16', '--async_towers')  # no loss scale to share: taken
 

@@ -53,9 +53,9 @@ class Stopped(Exception):
 def one_line_errors():
   """Ends a program with one line and an exit code for every failure a user can cause.
 
-  TrainingError and DataError print `error: <message>` and exit 1, PeerGone the
-  same with PEER_GONE_EXIT_CODE; Stopped exits with its code (130, 143), the
-  trainer having said where it stopped; signals.Interrupted (a signal before the first
+  TrainingError, DataError, EvalError and ClusterError print `error: <message>` and
+  exit 1, PeerGone the same with PEER_GONE_EXIT_CODE; Stopped exits with its code
+  (130, 143), the trainer having said where it stopped; signals.Interrupted (a signal before the first
   step) says where it stopped, then exits with its code. A second Ctrl-C needs no clause:
   StopSignals exits at once.
   """
@@ -64,7 +64,7 @@ def one_line_errors():
   except PeerGone as e:
     print('error: %s' % e, file=sys.stderr, flush=True)
     sys.exit(PEER_GONE_EXIT_CODE)
-  except (TrainingError, DataError) as e:
+  except (TrainingError, DataError, EvalError, ClusterError) as e:
     sys.exit('error: %s' % e)
   except signals.Interrupted as e:  # before the first step (StopSignals.raising)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as below
@@ -95,7 +95,7 @@ def one_line(e):
 
 
 def refuse_arguments(argv):
-  """Stops the program in one line when its command line holds words that are not flags.
+  """TrainingError, in one line, when a command line holds words that are not flags.
 
   absl's app.run passes them to main() in argv[1:]; a main that ignored them would
   run as if they were not there (`--run_once true`: a boolean flag takes no value).
@@ -104,7 +104,7 @@ def refuse_arguments(argv):
     argv: main()'s argv: the program, then what absl did not take as flags.
   """
   if len(argv) > 1:
-    sys.exit('error: unexpected argument%s %s: %s takes flags only (--name=value; a '
-             'boolean: --name or --noname)' % ('s' * (len(argv) > 2),
-                                               ' '.join(repr(a) for a in argv[1:]),
-                                               os.path.basename(argv[0])))
+    raise TrainingError('unexpected argument%s %s: %s takes flags only (--name=value; a '
+                        'boolean: --name or --noname)' % ('s' * (len(argv) > 2),
+                                                          ' '.join(repr(a) for a in argv[1:]),
+                                                          os.path.basename(argv[0])))

@@ -155,8 +155,6 @@ def main(options, model, data_input, trainer_command,
     data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None),
                        settings.deadlines(options))
     writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
-  except (errors.EvalError, errors.DataError) as e:
-    sys.exit('error: %s' % e)
   except KeyboardInterrupt:  # it only reads the checkpoints: nothing to save
     print('Stopped by Ctrl-C.', file=sys.stderr, flush=True)
     sys.exit(130)
@@ -166,7 +164,7 @@ def main(options, model, data_input, trainer_command,
 
 
 def check_flags(options):
-  """Stops the program, in one line naming the flag, for a value it cannot run with.
+  """errors.EvalError, naming the flag, for a value the program cannot run with.
 
   main() calls it first, before anything is read, written or waited for: a bad
   --eval_dir would otherwise fail only after the first score was printed.
@@ -175,27 +173,28 @@ def check_flags(options):
     options: the parsed flags of define_flags(), or an Options.
   """
   if options.batch_size < 1:
-    sys.exit('error: --batch_size must be at least 1, got %d; give the images per batch '
-             '(the last batch holds the rest)' % options.batch_size)
+    raise errors.EvalError('--batch_size must be at least 1, got %d; give the images per '
+                           'batch (the last batch holds the rest)' % options.batch_size)
   if not 1 <= options.eval_interval_secs <= MAX_EVAL_INTERVAL_SECS:
-    sys.exit('error: --eval_interval_secs must be 1..%d (1 s to a week), got %d; give the '
-             'seconds between looks for a new checkpoint' % (MAX_EVAL_INTERVAL_SECS,
-                                                              options.eval_interval_secs))
+    raise errors.EvalError(
+        '--eval_interval_secs must be 1..%d (1 s to a week), got %d; give the seconds '
+        'between looks for a new checkpoint' % (MAX_EVAL_INTERVAL_SECS,
+                                                options.eval_interval_secs))
   for name, value in zip(('download_timeout_secs', 'download_stall_secs'),
                          settings.deadlines(options)):
     if value < 1:
-      sys.exit('error: --%s must be at least 1, got %d' % (name, value))
+      raise errors.EvalError('--%s must be at least 1, got %d' % (name, value))
   if os.path.exists(options.checkpoint_dir) and not os.path.isdir(options.checkpoint_dir):
-    sys.exit('error: --checkpoint_dir=%s is a file, not a directory; point it at the '
-             'trainer\'s --train_dir' % options.checkpoint_dir)
+    raise errors.EvalError('--checkpoint_dir=%s is a file, not a directory; point it at '
+                           'the trainer\'s --train_dir' % options.checkpoint_dir)
   if os.path.realpath(options.eval_dir) == os.path.realpath(options.checkpoint_dir):
-    sys.exit('error: --eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
-             'program a directory of its own so it never writes among the trainer\'s '
-             'files.' % options.eval_dir)
+    raise errors.EvalError('--eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
+                           'program a directory of its own so it never writes among the '
+                           'trainer\'s files.' % options.eval_dir)
   why = _why_not_writable(options.eval_dir)
   if why:
-    sys.exit('error: --eval_dir=%s %s; give a directory this user can write to (it is '
-             'created if missing)' % (options.eval_dir, why))
+    raise errors.EvalError('--eval_dir=%s %s; give a directory this user can write to (it '
+                           'is created if missing)' % (options.eval_dir, why))
 
 
 def _why_not_writable(directory):

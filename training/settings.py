@@ -5,13 +5,13 @@ Both trainers define these flags (define_trainer_flags) with their own defaults,
 the constants at the top of each program, and read them back as a Settings
 (settings_from_flags) in main(); everything below main() takes plain arguments.
 """
-import sys
 import typing
 
 from absl import flags
 
 from training import input_data, machine
 from training import placement
+from training.errors import TrainingError
 
 # Ranges: what TensorFlow can hold, and what a machine can run.
 MAX_TOWERS = 64            # --num_gpus; beyond the GPUs seen, each tower is a CPU device
@@ -151,7 +151,7 @@ def settings_from_flags(flag_values):
 
 
 def check_trainer_flags(flag_values, also_positive=()):
-  """Stops the run, naming the flag, when a trainer flag is out of range.
+  """errors.TrainingError, naming the flag, for a trainer flag out of range.
 
   Args:
     also_positive: names of the calling program's own flags that must be >= 1.
@@ -161,32 +161,34 @@ def check_trainer_flags(flag_values, also_positive=()):
                'save_every_n_steps', 'download_timeout_secs',
                'download_stall_secs') + tuple(also_positive):
     if fv[name].value < 1:
-      sys.exit('error: --%s must be at least 1, got %d' % (name, fv[name].value))
+      raise TrainingError('--%s must be at least 1, got %d' % (name, fv[name].value))
   if fv.seed is not None and not 0 <= fv.seed <= MAX_INT64:
-    sys.exit('error: --seed must be 0 .. %d (an int64), got %d' % (MAX_INT64, fv.seed))
+    raise TrainingError('--seed must be 0 .. %d (an int64), got %d' % (MAX_INT64, fv.seed))
   for name, most, why in (('num_gpus', MAX_TOWERS, 'towers: one per GPU, or per virtual '
                            'CPU device where GPUs are fewer'),
                           ('max_steps', MAX_INT64, 'the global step is an int64'),
                           ('intra_op_threads', MAX_THREADS, 'threads'),
                           ('inter_op_threads', MAX_THREADS, 'threads')):
     if fv[name].value > most:
-      sys.exit('error: --%s must be at most %d (%s), got %d' % (name, most, why,
-                                                                fv[name].value))
+      raise TrainingError('--%s must be at most %d (%s), got %d' % (name, most, why,
+                                                                    fv[name].value))
   if fv.use_fp16 and fv.use_bf16:
-    sys.exit('error: --use_fp16 and --use_bf16 each set what the towers compute in; pass '
-             'one of the two.')
+    raise TrainingError('--use_fp16 and --use_bf16 each set what the towers compute in; '
+                        'pass one of the two.')
   if fv.use_fp16 and fv.async_towers:
-    sys.exit('error: --use_fp16 cannot train --async_towers: the towers share one loss '
-             'scale, and one tower halving it while another is between scaling its loss '
-             'and unscaling its gradients would apply that tower\'s gradients at twice or '
-             'half their size. Drop one of the two.')
+    raise TrainingError(
+        '--use_fp16 cannot train --async_towers: the towers share one loss scale, and one '
+        'tower halving it while another is between scaling its loss and unscaling its '
+        'gradients would apply that tower\'s gradients at twice or half their size. Drop '
+        'one of the two.')
   if fv['seed'].present and fv['async_towers'].present and fv.async_towers:
-    sys.exit('error: --seed cannot repeat an --async_towers run: the towers race for the '
-             'shared variables by design, so the order of updates differs from run to run. '
-             'Drop one of the two.')
+    raise TrainingError(
+        '--seed cannot repeat an --async_towers run: the towers race for the shared '
+        'variables by design, so the order of updates differs from run to run. Drop one '
+        'of the two.')
   for name in ('summary_steps', 'intra_op_threads', 'inter_op_threads'):
     if fv[name].value < 0:
-      sys.exit('error: --%s must be 0 or more, got %d' % (name, fv[name].value))
+      raise TrainingError('--%s must be 0 or more, got %d' % (name, fv[name].value))
   if not 0.0 <= fv.gpu_memory_fraction <= 1.0:
-    sys.exit('error: --gpu_memory_fraction must be between 0 and 1, got %g'
-             % fv.gpu_memory_fraction)
+    raise TrainingError('--gpu_memory_fraction must be between 0 and 1, got %g'
+                        % fv.gpu_memory_fraction)
