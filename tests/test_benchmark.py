@@ -367,7 +367,7 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path
 
 _ONCE = '''
 import sys, time, types, pathlib
-import helpers  # tests/helpers.py: the cwd
+import helpers  # tests/helpers/: the cwd
 base, count = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def setup(directory):
   with open(count, "a") as f:

@@ -39,7 +39,7 @@ def build(build_towers, next_batch, devices, batch_size, examples_per_epoch, mod
     an AsyncTrainGraph; its summaries watch tower 0 alone, the one whose train op
     computes them.
   """
-  if use_fp16:  # check_flags says why
+  if use_fp16:  # settings.check_trainer_flags says why
     raise ValueError('use_fp16 needs synchronous towers; async_towers cannot take it')
   with tf.device('/cpu:0'):
     global_step = tf.compat.v1.train.get_or_create_global_step()

@@ -16,18 +16,8 @@
      it also drops the errors TensorFlow prints about a ps task that went away, which
      the program reports in its own line (SAID_BY_THE_PROGRAM).
 
-Why 3 takes more than setting the variable. TensorFlow 2.21 logs through absl, and
-reads TF_CPP_MIN_LOG_LEVEL in a static initializer (logging_initializer.cc) of each
-library that carries its own copy of absl: libtensorflow_framework.so.2, and
-python/profiler/internal/_pywrap_profiler_plugin.so, which links its own. In each,
-the initializers of port.cc and cudart_stub.cc run first, so their INFO notices
-("oneDNN custom operations are on", "Could not find cuda drivers on your machine")
-and absl's banner ("WARNING: All log messages before absl::InitializeLog() is called
-are written to STDERR") come out before the level is set, once per library: twice.
-import_tensorflow() applies the level to those lines itself. A line in absl's format
-below the level is dropped, with the banner that came just before it; every other
-line passes as TensorFlow wrote it (errors, anything not in absl's format, and
-everything at TF_CPP_MIN_LOG_LEVEL=0).
+Why 4 takes more than setting the variable: TensorFlow prints its first notices
+before it reads the level (docs/trainer.md, "The start-up lines in full", tells why).
 
 Imports no TensorFlow but in import_tensorflow().
 """
