@@ -142,15 +142,17 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
                            sys.modules['multi_gpu_train'], flags_given)
               if run.is_chief else None)
     epoch = input_data.examples_per_epoch(settings, data)
+    # The schedule counts updates; an epoch is the same examples however updates group them.
+    examples_per_update = settings.batch_size * len(run.devices) * mode.gradients_per_update
     progress = worker_sessions.Progress(run.start_step)
     with tf.Graph().as_default():
-      graph = build(run, mode, settings, worker, data, epoch, record)
+      graph = build(run, mode, settings, worker, data, epoch, examples_per_update, record)
       startup.check_memory([graph.train_op, graph.loss] + (  # before writing
           [graph.scaffold.summary_op] if graph.scaffold.summary_op is not None else []),
           settings)
       if record:
         run_record.write_and_compare(settings.train_dir, record)
-      print_start(run, mode, graph, settings, data.model, epoch)
+      print_start(run, mode, settings, data.model, epoch, examples_per_update)
       worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
                                           mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
@@ -219,12 +221,10 @@ TrainGraph = collections.namedtuple('TrainGraph', [
     'hooks',            # this worker's session's: the update's, the chief's saves, summaries
     'scaffold',         # the saver (the chief's checkpoints) and the summary op
     'run_match',        # a run_match.RunMatch: what this worker trains, and the chief
-    'decay_steps',      # int: updates between two drops of the learning rate
-    'examples_per_update',  # int: the examples the learning-rate schedule counts per update
 ])
 
 
-def build(run, mode, settings, worker, data, epoch, record):
+def build(run, mode, settings, worker, data, epoch, examples_per_update, record):
   """Input, towers, the average and the update, placed by replica_device_setter.
 
   fp16: the loss scale lives on the ps with the variables (and in the checkpoint). Each
@@ -232,18 +232,15 @@ def build(run, mode, settings, worker, data, epoch, record):
   worker unscales its averaged gradient by it, so what leaves the worker is float32
   whatever the others did to the scale meanwhile. The mode checks it and skips.
   """
-  # The schedule counts updates; an epoch is the same examples however updates group them.
-  examples_per_update = settings.batch_size * len(run.devices) * mode.gradients_per_update
   model = data.model
   with tf.compat.v1.device(ps_placement.replica_devices(run.cluster, run.task_index)):
     with tf.device('/cpu:0'):
-      next_batch = input_data.worker_batches(data.input, settings.data_dir, settings.batch_size,
-                                         settings.synthetic)
+      next_batch = input_data.worker_batches(data.input, settings.data_dir,
+                                             settings.batch_size, settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
     match = run_match.RunMatch(run_match.describe(settings, worker, data), run.num_workers,
                                run.task_index)
-    lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
-                                            model)
+    lr, _ = updates.learning_rate(global_step, examples_per_update, epoch.count, model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     loss_scale = mixed_precision.make_loss_scale() if settings.use_fp16 else None
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
@@ -273,19 +270,21 @@ def build(run, mode, settings, worker, data, epoch, record):
     hooks = update.hooks + (chief.hooks(run, settings, model, scaffold, global_step, record,
                                         KEEP_CHECKPOINTS) if run.is_chief else [])
   return TrainGraph(global_step, loss, update.train_op, update.outcome, hooks, scaffold,
-                    match, decay_steps, examples_per_update)
+                    match)
 
 
-def print_start(run, mode, graph, settings, model, epoch):
+def print_start(run, mode, settings, model, epoch, examples_per_update):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
   print('ps tasks %s hold %d trainable parameters%s' % (
-      ','.join(run.ps_hosts), startup.num_parameters(), ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
+      ','.join(run.ps_hosts), startup.num_parameters(),
+      ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
   print(mode.mode_line(batch_size, num_towers))
-  startup.print_schedule(graph.decay_steps, epoch, graph.examples_per_update,
-                         mode.update_name, model, settings)
+  decay_steps = updates.decay_steps(examples_per_update, epoch.count, model)
+  startup.print_schedule(decay_steps, epoch, examples_per_update, mode.update_name, model,
+                         settings)
   if settings.use_fp16:
     print(mode.fp16_line())
   if settings.use_bf16:
@@ -429,6 +428,7 @@ def check_flags(flag_values):
 
 if __name__ == '__main__':
   define_flags()
-  slurm_cluster = task_cluster.slurm_cluster_first(sys.argv, FLAGS)  # sets CUDA_VISIBLE_DEVICES: before GPUs
+  # Sets CUDA_VISIBLE_DEVICES, so before anything looks for GPUs.
+  slurm_cluster = task_cluster.slurm_cluster_first(sys.argv, FLAGS)
   machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
   app.run(functools.partial(main, slurm_cluster=slurm_cluster))

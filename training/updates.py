@@ -3,6 +3,12 @@ and the moving averages that evaluation reads. Both trainers build these."""
 import tensorflow as tf
 
 
+def decay_steps(examples_per_update, examples_per_epoch, model):
+  """Updates between two drops of the learning rate: NUM_EPOCHS_PER_DECAY epochs of
+  examples_per_update images each."""
+  return int(examples_per_epoch / examples_per_update * model.NUM_EPOCHS_PER_DECAY)
+
+
 def learning_rate(global_step, examples_per_update, examples_per_epoch, model):
   """The tutorial's schedule: the rate drops by LEARNING_RATE_DECAY_FACTOR once per
   NUM_EPOCHS_PER_DECAY epochs, counted in updates of examples_per_update images.
@@ -10,11 +16,11 @@ def learning_rate(global_step, examples_per_update, examples_per_epoch, model):
   Returns:
     (float32 scalar learning rate, int decay_steps: updates between two drops).
   """
-  decay_steps = int(examples_per_epoch / examples_per_update * model.NUM_EPOCHS_PER_DECAY)
+  steps = decay_steps(examples_per_update, examples_per_epoch, model)
   lr = tf.compat.v1.train.exponential_decay(model.INITIAL_LEARNING_RATE, global_step,
-                                            decay_steps, model.LEARNING_RATE_DECAY_FACTOR,
+                                            steps, model.LEARNING_RATE_DECAY_FACTOR,
                                             staircase=model.STAIRCASE)
-  return lr, decay_steps
+  return lr, steps
 
 def moving_averages(global_step, model):
   """The shadow copies evaluation reads: one per trainable variable, in every checkpoint."""
