@@ -125,14 +125,27 @@ def read_image(path, image_shape):
     contents = read_bounded(path, MAX_IMAGE_BYTES)
   except OSError as e:
     raise ClassifyError('%s: cannot read it: %s' % (path, e.strerror)) from None
-  try:
-    image = tf.io.decode_image(contents, channels=channels,
+  try:  # as the file has it: GIF and BMP decode to colour only
+    image = tf.io.decode_image(contents, channels=0,
                                expand_animations=False)  # a GIF's first frame
   except tf.errors.OpError as e:
     raise ClassifyError('%s: cannot decode it: %s' % (path, _first_line(e))) from None
+  image = _with_channels(image, channels)
   image = tf.image.resize(image, image_shape[:2], antialias=True)  # float32, any size
   image = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
   return tf.reshape(image, image_shape).numpy()
+
+
+def _with_channels(image, channels):
+  """A decoded image (1 to 4 channels) with `channels` (1 or 3): alpha dropped, colour
+  made grey or grey made colour as the model takes it."""
+  if image.shape[-1] in (2, 4):  # grey or colour, then alpha
+    image = image[..., :image.shape[-1] - 1]
+  if channels == 1 and image.shape[-1] == 3:
+    return tf.image.rgb_to_grayscale(image)
+  if channels == 3 and image.shape[-1] == 1:
+    return tf.image.grayscale_to_rgb(image)
+  return image
 
 
 def classify(model, paths):

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import sys
 import types
 
@@ -424,6 +425,22 @@ def _write_image(path, pixels):
   tf.io.write_file(str(path), encode(pixels))
 
 
+# A 1x1 GIF of one white pixel (TensorFlow writes no GIF), and a 24-bit BMP written out.
+WHITE_GIF = bytes.fromhex('474946383961010001008000' '00ffffff000000'
+                          '2c00000000010001000002024401003b')
+
+
+def _bmp(pixels):
+  """A 24-bit BMP of pixels (uint8 [height, width, 3], RGB): rows bottom-up, BGR."""
+  height, width, _ = pixels.shape
+  row = (width * 3 + 3) // 4 * 4
+  data = b''.join(pixels[y, :, ::-1].tobytes().ljust(row, b'\0')
+                  for y in range(height - 1, -1, -1))
+  return (b'BM' + struct.pack('<IHHI', 54 + len(data), 0, 0, 54) +
+          struct.pack('<IiiHHIIiiII', 40, width, height, 1, 24, 0, len(data), 2835, 2835, 0,
+                      0) + data)
+
+
 @pytest.mark.xdist_group('export')
 def test_classify_prints_top_3_per_image_and_one_line_per_unreadable_file_exit_1(exported,
                                                                                   tmp_path):
@@ -478,6 +495,18 @@ def test_classify_mnist_model_reads_any_image_as_28x28_greyscale_digits(mnist_ex
   assert image.shape == (28, 28) and image.dtype == np.uint8 and (image == 200).all()
   found, failed = classify.classify(model, [str(tmp_path / 'digit.png')])
   assert failed == [] and len(found[0][1].split(', ')) == 3
+
+
+@pytest.mark.parametrize('model_name, shape', [('mnist', [28, 28]), ('cifar10', [24, 24, 3])])
+def test_classify_read_image_gif_and_bmp_for_either_model(tmp_path, model_name, shape):
+  # Before, the MNIST model's greyscale read refused both: `channels must be 0 or 3 for
+  # GIF, got 1`. Colour files are made grey for it, and grey ones colour for CIFAR-10.
+  (tmp_path / 'white.gif').write_bytes(WHITE_GIF)
+  (tmp_path / 'grey.bmp').write_bytes(_bmp(np.full((5, 3, 3), 200, np.uint8)))
+  for name, value in (('white.gif', 255), ('grey.bmp', 200)):
+    image = classify.read_image(str(tmp_path / name), shape)
+    assert list(image.shape) == shape and image.dtype == np.uint8, (model_name, name)
+    assert (np.abs(image.astype(int) - value) <= 1).all(), (model_name, name, image.ravel()[:4])
 
 
 def test_classify_model_dir_not_a_saved_model_one_line_exit_1(tmp_path, monkeypatch,
