@@ -347,6 +347,30 @@ def test_export_checkpoint_rotated_away_before_its_restore_exports_the_newest(ex
   assert os.path.exists(tmp_path / 'model' / 'saved_model.pb')
 
 
+@pytest.mark.parametrize('damage, cause', [
+    ('flip', 'Checksum does not match: stored '), ('cut', 'Read less bytes than requested')])
+def test_export_damaged_checkpoint_says_tensorflows_cause_and_what_to_do(exported, tmp_path,
+                                                                        damage, cause):
+  # Before: `cannot restore ...: Graph execution error: Detected at node 'save/RestoreV2'
+  # defined at (most recent call last): File "export_model.py", line 537, ...`, cut.
+  train_dir = tmp_path / 'train'
+  shutil.copytree(exported.train_dir, train_dir)
+  [data] = train_dir.glob('model.ckpt-20.data-*')
+  damaged = bytearray(data.read_bytes())
+  if damage == 'flip':
+    damaged[::4096] = bytes(b ^ 0xff for b in damaged[::4096])
+  data.write_bytes(bytes(damaged if damage == 'flip' else damaged[:len(damaged) // 2]))
+  with pytest.raises(export_model.ExportError) as raised:
+    export_model.export(str(train_dir), str(tmp_path / 'model'), 'cifar10')
+  said = str(raised.value)
+  assert said.startswith('cannot restore %s/model.ckpt-20: ' % train_dir) and cause in said
+  assert said.endswith('Its files are damaged or cut short: name an older '
+                       'model.ckpt-<step> of its directory in the directory\'s "checkpoint" '
+                       'file, or train again.'), said
+  assert 'Detected at node' not in said and 'File "' not in said and '\n' not in said
+  assert not (tmp_path / 'model').exists()
+
+
 def test_export_without_checkpoint_exits_1_with_one_line_and_writes_nothing(tmp_path):
   (tmp_path / 'train').mkdir()
   export_dir = tmp_path / 'exports' / 'model'  # its parent is missing too

@@ -207,10 +207,22 @@ def rotated_away(path, went_away):
 
 
 def restore_error(e):
-  """What a failed restore says, down to the variable it names, on one line."""
-  text = ' '.join(str(e).split())
+  """What a failed restore says, on one line: TensorFlow's own cause (the variable it
+  names, a checksum that does not match, bytes missing), without the stack of where
+  the graph was built that a session's error carries before it; for damaged files,
+  what to do."""
+  text = str(e)
+  # A session's error: 'Graph execution error: Detected at node ... defined at (the
+  # stack) ... Node: 'save/RestoreV2'\n<the cause>\n\t [[{{node save/RestoreV2}}]]'.
+  cause = re.search(r"^Node: '[^']*'\n(.*?)(?:\n\s*\[\[|\Z)", text, re.M | re.S)
+  text = ' '.join((cause.group(1) if cause else text).split())
   named = re.search(r'(Key \S+ not found in checkpoint|[^.]*shape[^.]*\.)', text)
-  return named.group(1).rstrip('.') + '.' if named else text[:300]
+  said = named.group(1).rstrip('.') + '.' if named else text[:300].rstrip('.') + '.'
+  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError)):
+    said += (' Its files are damaged or cut short: name an older %s-<step> of its '
+             'directory in the directory\'s "%s" file, or train again.'
+             % (CHECKPOINT_PREFIX, STATE_FILE))
+  return said
 
 
 def make_saver(var_list=None):
