@@ -265,10 +265,25 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
     _extract(archive, data_dir, per_file)
     print('Extracted %s' % dest)
   if not official:
-    print('CIFAR-10 copy with md5 %s in %s: %s' % (data_md5, dest, ', '.join(
-        '%s %d records' % (os.path.basename(p), os.path.getsize(p) // RECORD_BYTES)
-        for p in paths)))
+    print('CIFAR-10 copy with md5 %s in %s: %s' % (_own_md5(archive, data_md5, dest), dest,
+                                                   ', '.join('%s %d records' % (
+        os.path.basename(p), os.path.getsize(p) // RECORD_BYTES) for p in paths)))
   return dest
+
+
+def _own_md5(archive, data_md5, dest):
+  """--data_md5 of a copy of the user's own, checked against the archive beside the
+  extracted files: the md5 to print, 'not checked (no archive beside it)', or a
+  DataError when the archive has another."""
+  found = os.path.isfile(archive) and input_data.md5_of(archive)
+  if not found:
+    return '%s, not checked (no archive beside it)' % data_md5
+  if found != data_md5:
+    raise DataError('--data_md5=%s is not the md5 of %s, which has md5 %s: pass '
+                    '--data_md5=%s to use the copy in %s, or remove %s and %s to fetch the '
+                    'archive of md5 %s.' % (data_md5, archive, found, found, dest, archive,
+                                            dest, data_md5))
+  return data_md5
 
 
 def _fetch(data_url, data_dir, archive, data_md5, expected_bytes, deadlines):

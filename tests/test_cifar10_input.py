@@ -372,6 +372,20 @@ def test_data_md5_not_32_hex_digits_refused_in_one_line(sample, md5, capsys):
   assert md5 not in capsys.readouterr().out  # never printed as the copy's md5
 
 
+def test_data_md5_of_another_archive_refused_naming_the_archives_own(sample, capsys):
+  # Before, `--data_md5=fff...f` on extracted files was printed as the copy's md5.
+  wrong = 'f' * 32
+  with pytest.raises(cifar10_input.DataError) as e:
+    cifar10_input.maybe_download_and_extract(sample.dir, None, wrong)
+  archive = os.path.join(sample.dir, 'cifar-10-binary.tar.gz')
+  assert str(e.value).startswith('--data_md5=%s is not the md5 of %s, which has md5 %s: '
+                                 'pass --data_md5=%s' % (wrong, archive, sample.md5,
+                                                         sample.md5)), e.value
+  assert wrong not in capsys.readouterr().out
+  cifar10_input.maybe_download_and_extract(sample.dir, None, sample.md5)
+  assert 'CIFAR-10 copy with md5 %s in ' % sample.md5 in capsys.readouterr().out
+
+
 def test_download_archive_missing_a_member_names_the_archive_not_a_temporary_dir(tmp_path):
   served = tmp_path / 'served'
   served.mkdir()
