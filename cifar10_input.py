@@ -244,9 +244,11 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   archive = os.path.join(data_dir, name)
   if os.path.isdir(data_dir):
     _remove_killed_downloads(data_dir, name)
+  verified = True  # the archive's md5 checked on the way: fetched, or extracted again
   if os.path.isdir(dest):
     try:
       check_data_files(paths, per_file)
+      verified = False
     except DataError as e:
       found = os.path.isfile(archive) and input_data.md5_of(archive)
       if not found:
@@ -265,16 +267,17 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
     _extract(archive, data_dir, per_file)
     print('Extracted %s' % dest)
   if not official:
-    print('CIFAR-10 copy with md5 %s in %s: %s' % (_own_md5(archive, data_md5, dest), dest,
-                                                   ', '.join('%s %d records' % (
-        os.path.basename(p), os.path.getsize(p) // RECORD_BYTES) for p in paths)))
+    md5 = data_md5 if verified else _own_md5(archive, data_md5, dest)
+    print('CIFAR-10 copy with md5 %s in %s: %s' % (md5, dest, ', '.join(
+        '%s %d records' % (os.path.basename(p), os.path.getsize(p) // RECORD_BYTES)
+        for p in paths)))
   return dest
 
 
 def _own_md5(archive, data_md5, dest):
-  """--data_md5 of a copy of the user's own, checked against the archive beside the
-  extracted files: the md5 to print, 'not checked (no archive beside it)', or a
-  DataError when the archive has another."""
+  """--data_md5 of a copy of the user's own whose extracted files were already there,
+  checked against the archive beside them: the md5 to print, with 'not checked (no
+  archive beside it)', or a DataError when the archive has another."""
   found = os.path.isfile(archive) and input_data.md5_of(archive)
   if not found:
     return '%s, not checked (no archive beside it)' % data_md5

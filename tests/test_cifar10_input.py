@@ -372,7 +372,8 @@ def test_data_md5_not_32_hex_digits_refused_in_one_line(sample, md5, capsys):
   assert md5 not in capsys.readouterr().out  # never printed as the copy's md5
 
 
-def test_data_md5_of_another_archive_refused_naming_the_archives_own(sample, capsys):
+def test_data_md5_of_another_archive_refused_naming_the_archives_own(sample, capsys,
+                                                                     tmp_path):
   # Before, `--data_md5=fff...f` on extracted files was printed as the copy's md5.
   wrong = 'f' * 32
   with pytest.raises(cifar10_input.DataError) as e:
@@ -384,6 +385,12 @@ def test_data_md5_of_another_archive_refused_naming_the_archives_own(sample, cap
   assert wrong not in capsys.readouterr().out
   cifar10_input.maybe_download_and_extract(sample.dir, None, sample.md5)
   assert 'CIFAR-10 copy with md5 %s in ' % sample.md5 in capsys.readouterr().out
+  # The extracted files alone (docs/data.md): the md5 given, said to be unchecked.
+  shutil.copytree(os.path.join(sample.dir, 'cifar-10-batches-bin'),
+                  tmp_path / 'cifar-10-batches-bin')
+  cifar10_input.maybe_download_and_extract(str(tmp_path), None, wrong)
+  assert ('CIFAR-10 copy with md5 %s, not checked (no archive beside it) in ' % wrong
+          in capsys.readouterr().out)
 
 
 def test_download_archive_missing_a_member_names_the_archive_not_a_temporary_dir(tmp_path):
