@@ -521,7 +521,7 @@ def distorted_inputs(data_dir, batch_size):
     images: float32 [batch_size, 24, 24, 3].
     labels: int32 [batch_size].
   """
-  dataset = distorted_dataset(data_dir, batch_size)
+  dataset = input_data.closing_at_once(distorted_dataset(data_dir, batch_size))
   return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 
@@ -557,6 +557,7 @@ def inputs(eval_data, data_dir, batch_size):
     The tensors raise tf.errors.OutOfRangeError after the last record.
   """
   dataset, _ = eval_dataset(eval_data, data_dir, batch_size)
+  dataset = input_data.closing_at_once(dataset)
   return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
 
 

@@ -38,15 +38,9 @@ def build_trainer(config):
   batch_size = config['batch_size']
   data = data_sets.DATASETS[config.get('dataset', 'cifar10')]
   devices, num_cpu_devices, where = placement.tower_devices(config['towers'])
-  if config.get('seed') is not None:
-    next_batch, input_init = input_data.input_pipeline(
-        config['data_dir'], config['towers'], batch_size, data.input, seed=config['seed'])
-  else:
-    with tf.device('/cpu:0'):
-      dataset = input_data.train_dataset(data.input, config['data_dir'], batch_size,
-                                     config['input'] == 'synthetic')
-      iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
-      next_batch, input_init = iterator.get_next, iterator.initializer
+  next_batch, input_init = input_data.input_pipeline(
+      config['data_dir'], config['towers'], batch_size, data.input,
+      synthetic=config['input'] == 'synthetic', seed=config.get('seed'))
   graph = multi_gpu_train.build(next_batch, devices, batch_size,
                                 data.model.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN, data.model,
                                 summaries=False,

@@ -87,6 +87,31 @@ def test_distorted_dataset_batches_have_static_shapes_and_standardised_pixels(sa
   assert set(label_values) <= set(range(10))
 
 
+ITERATED_PIPELINES = {  # every input a program or the tutorial's functions iterate
+    'trainer': lambda d: input_data.input_pipeline(d, 2, 4, cifar10_input),
+    'trainer --seed': lambda d: input_data.input_pipeline(d, 2, 4, cifar10_input, seed=1),
+    'trainer --synthetic': lambda d: input_data.input_pipeline(d, 2, 4, cifar10_input,
+                                                               synthetic=True),
+    'distributed worker': lambda d: input_data.worker_batches(cifar10_input, d, 4, False)(),
+    'evaluator': lambda d: input_data.eval_batches(cifar10_input, 'test', d, 4),
+    'distorted_inputs': lambda d: cifar10_input.distorted_inputs(d, 4),
+    'inputs': lambda d: cifar10_input.inputs('test', d, 4),
+}
+
+@pytest.mark.parametrize('pipeline', ITERATED_PIPELINES)
+def test_iterated_pipeline_has_no_autotuning_thread_so_its_session_closes_at_once(
+    sample, pipeline):
+  # With the thread, closing a trainer's session waited out its pause: silent for
+  # up to 43 s after the last checkpoint (input_data.closing_at_once).
+  from tensorflow.core.framework import dataset_options_pb2
+  with tf.Graph().as_default() as graph:
+    ITERATED_PIPELINES[pipeline](sample.dir)
+  autotune = [dataset_options_pb2.Options.FromString(op.get_attr('serialized_options'))
+              .autotune_options for op in graph.get_operations() if op.type == 'OptionsDataset']
+  assert [(a.WhichOneof('optional_enabled'), a.enabled) for a in autotune] == [
+      ('enabled', False)]
+
+
 @pytest.mark.parametrize('size, what', [(3073 * 4 - 1, 'has 12291 bytes'), (0, 'has 0 bytes')])
 def test_check_data_files_bad_size_names_file_size_and_fix(tmp_path, size, what):
   path = tmp_path / 'data_batch_1.bin'

@@ -235,8 +235,8 @@ def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
   # The script requeues the job once srun has ended: its lines are all there.
   assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(4)}, job.log()
   # A minute of training: tf.data's autotuning pauses for long, and a session whose
-  # iterator waited for it did not close before the ps tasks left (dist_train.py's
-  # worker_batches).
+  # iterator waited for it did not close before the ps tasks left
+  # (training/input_data.py's closing_at_once).
   assert 'its session did not close' not in job.text, job.log()
   # The rest in one run: a run of two minutes might be warned again, and again.
   updated = helpers.run(['scontrol', 'update', 'JobId=' + job.id, 'TimeLimit=10'], env=slurm)

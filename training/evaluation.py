@@ -93,8 +93,8 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
      the checkpoint's global step: int).
   """
   with tf.Graph().as_default():
-    dataset, num_records = data_input.eval_dataset(eval_data, data_dir, batch_size)
-    images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    images, labels, num_records = input_data.eval_batches(data_input, eval_data, data_dir,
+                                                         batch_size)
     logits = model.inference(images)
     correct = tf.reduce_sum(tf.cast(tf.compat.v1.nn.in_top_k(logits, labels, 1), tf.int64))
     cross_entropy = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(

@@ -456,12 +456,12 @@ def input_pipeline(data_dir, num_gpus, batch_size, data_input, synthetic=False, 
     if seed is not None and not synthetic:
       dataset, load_records = data_input.seeded_dataset(data_dir, batch_size * num_gpus,
                                                         seed, start_step)
-      iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+      iterator = tf.compat.v1.data.make_initializable_iterator(closing_at_once(dataset))
       images, labels = iterator.get_next()
       towers = iter(list(zip(tf.split(images, num_gpus), tf.split(labels, num_gpus))))
       return lambda: next(towers), tf.group(load_records, iterator.initializer)
     dataset = train_dataset(data_input, data_dir, batch_size, synthetic)
-    iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+    iterator = tf.compat.v1.data.make_initializable_iterator(closing_at_once(dataset))
     return iterator.get_next, iterator.initializer
 
 
@@ -473,17 +473,36 @@ def train_dataset(data_input, data_dir, batch_size, synthetic):
 
 
 def worker_batches(data_input, data_dir, batch_size, synthetic):
-  """dist_train.py's input: a function that returns a worker's next batch's tensors.
+  """dist_train.py's input: a function that returns a worker's next batch's tensors."""
+  dataset = train_dataset(data_input, data_dir, batch_size, synthetic)
+  return tf.compat.v1.data.make_one_shot_iterator(closing_at_once(dataset)).get_next
 
-  Without tf.data's autotuning thread. Closing a session on a cluster deletes the
-  worker's graphs, and with them the iterator, whose deletion waits out that
-  thread's pause between tunings, which grows to a minute: workers and chiefs
-  stopped together hung there after their last step, past the ps tasks' stay
-  (tests/test_slurm.py's time-limit test shows it). Without it, AUTOTUNE parallel
-  calls keep their starting value (the CPUs, at most 16) and prefetch still sizes
-  its buffer.
+
+def eval_batches(data_input, eval_data, data_dir, batch_size):
+  """The evaluators' input: one pass over eval_data (data_input.eval_dataset).
+
+  Returns:
+    (images, labels: the next batch's tensors, raising OutOfRangeError after the
+     last record; the number of records).
+  """
+  dataset, num_records = data_input.eval_dataset(eval_data, data_dir, batch_size)
+  images, labels = tf.compat.v1.data.make_one_shot_iterator(
+      closing_at_once(dataset)).get_next()
+  return images, labels, num_records
+
+
+def closing_at_once(dataset):
+  """dataset without tf.data's autotuning thread, so that closing its session never waits.
+
+  Closing a session deletes its iterators, and deleting one waits out that thread's
+  pause between two tunings, which grows to a minute: a trainer then sat silent
+  for up to 43 s after its last checkpoint before it exited (one run in three),
+  and distributed tasks stopped together hung there past the ps tasks' stay
+  (tests/test_slurm.py's time-limit test shows it). Without the thread, AUTOTUNE
+  parallel calls keep their starting value (the CPUs, at most 16) and prefetch
+  still sizes its own buffer; on this project's sample data the trainer's speed
+  did not change (docs/performance.md).
   """
   options = tf.data.Options()
   options.autotune.enabled = False
-  dataset = train_dataset(data_input, data_dir, batch_size, synthetic).with_options(options)
-  return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next
+  return dataset.with_options(options)
