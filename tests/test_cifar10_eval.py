@@ -277,6 +277,34 @@ def test_eval_run_once_checkpoint_rotated_away_while_read_tries_the_newest(sampl
   assert len(precision) == 1 and precision[0].group(2) == '2', out  # ckpt-3 holds step 2's
 
 
+@pytest.mark.parametrize('damage', ['damaged', 'another model'])
+def test_eval_run_once_checkpoint_it_cannot_restore_says_what_to_do_for_that_cause(
+    sample, tmp_path, capsys, damage):
+  # Before: a damaged checkpoint's line ended "... or train again. Point --checkpoint_dir
+  # at the trainer's --train_dir.", which it already was.
+  train_dir = tmp_path / 'train'
+  if damage == 'damaged':
+    multi_gpu_train.train(helpers.trainer_settings(
+        str(train_dir), sample.dir, num_gpus=1, batch_size=8, max_steps=1, summary_steps=0,
+        data_md5=sample.md5))
+    [data] = train_dir.glob('model.ckpt-1.data-*')
+    data.write_bytes(data.read_bytes()[:1000])
+  else:  # a checkpoint of another graph: the model's variables are not in it
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      tf.compat.v1.Variable(1.0, name='other')
+      sess.run(tf.compat.v1.global_variables_initializer())
+      tf.compat.v1.train.Saver().save(sess, str(train_dir / 'model.ckpt'), global_step=1)
+  with pytest.raises(errors.EvalError) as raised, tf.Graph().as_default():
+    evaluation._evaluate_new_checkpoints(
+        _eval_flags(train_dir, tmp_path / 'eval', sample.dir), cifar10, cifar10_input, 'train')
+  said = str(raised.value)
+  assert said.startswith('cannot restore %s/model.ckpt-1 into the cifar10 model: '
+                         % train_dir), said
+  damaged = 'Its files are damaged or cut short' in said
+  elsewhere = said.endswith(' Point --checkpoint_dir at the trainer\'s --train_dir.')
+  assert (damaged, elsewhere) == ((True, False) if damage == 'damaged' else (False, True)), said
+
+
 def _constant_in(program, name):
   """A program's module-level constant, read from its source (importing cifar10_eval.py
   would define its flags)."""

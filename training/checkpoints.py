@@ -218,11 +218,18 @@ def restore_error(e):
   text = ' '.join((cause.group(1) if cause else text).split())
   named = re.search(r'(Key \S+ not found in checkpoint|[^.]*shape[^.]*\.)', text)
   said = named.group(1).rstrip('.') + '.' if named else text[:300].rstrip('.') + '.'
-  if isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError)):
+  if damaged(e):
     said += (' Its files are damaged or cut short: name an older %s-<step> of its '
              'directory in the directory\'s "%s" file, or train again.'
              % (CHECKPOINT_PREFIX, STATE_FILE))
   return said
+
+
+def damaged(e):
+  """Whether a restore's error says the checkpoint's files are damaged or cut short
+  (not another model's, or a directory of some other run's). A CheckpointReader
+  raises IndexError for what a session raises as OutOfRangeError."""
+  return isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError))
 
 
 def make_saver(var_list=None):

@@ -248,13 +248,14 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         precision, loss, count, step = evaluate(
             path, options.data_dir, options.eval_data, options.batch_size,
             options.use_moving_averages, model, data_input)
-      except (tf.errors.OpError, ValueError) as e:
+      except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a file cut short
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do.
         if not checkpoints.rotated_away(path, went_away):
-          raise errors.EvalError('cannot restore %s into the %s model: %s Point --checkpoint_dir '
-                          'at the trainer\'s --train_dir.' % (
-                              path, model.__name__, checkpoints.restore_error(e))) from None
+          elsewhere = ('' if checkpoints.damaged(e) else
+                       ' Point --checkpoint_dir at the trainer\'s --train_dir.')
+          raise errors.EvalError('cannot restore %s into the %s model: %s%s' % (
+              path, model.__name__, checkpoints.restore_error(e), elsewhere)) from None
         went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
