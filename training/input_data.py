@@ -496,8 +496,8 @@ def closing_at_once(dataset):
 
   Closing a session deletes its iterators, and deleting one waits out that thread's
   pause between two tunings, which grows to a minute: a trainer then sat silent
-  for up to 43 s after its last checkpoint before it exited (one run in three),
-  and distributed tasks stopped together hung there past the ps tasks' stay
+  after its last checkpoint before it exited (17-20 s in 4 runs of 12, 43 s once
+  under load), and distributed tasks stopped together hung there past the ps tasks' stay
   (tests/test_slurm.py's time-limit test shows it). Without the thread, AUTOTUNE
   parallel calls keep their starting value (the CPUs, at most 16) and prefetch
   still sizes its own buffer; on this project's sample data the trainer's speed
