@@ -267,9 +267,8 @@ def newest_checkpoint(train_dir, data, went_away=None):
                         '--train_dir=%s), or point --train_dir at the trainer\'s --train_dir.'
                         % (train_dir, data.trainer, train_dir))
     try:
-      reader = tf.train.load_checkpoint(path)
-      found = reader.get_variable_to_shape_map()
-      return path, int(reader.get_tensor('global_step')), found
+      found = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+      return path, checkpoints.step_of(path), found
     except Exception as e:  # OpError, ValueError: missing, truncated, not a checkpoint
       if not checkpoints.rotated_away(path, went_away):
         raise ExportError('cannot read checkpoint %s: %s' % (

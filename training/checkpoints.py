@@ -227,9 +227,21 @@ def restore_error(e):
 
 def damaged(e):
   """Whether a restore's error says the checkpoint's files are damaged or cut short
-  (not another model's, or a directory of some other run's). A CheckpointReader
-  raises IndexError for what a session raises as OutOfRangeError."""
-  return isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError))
+  (not another model's, or a directory of some other run's)."""
+  return isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError))
+
+
+def step_of(path):
+  """The global step checkpoint `path` holds, read without a session.
+
+  Raises:
+    tf.errors.OpError: as a restore would; a file cut short is OutOfRangeError here
+      too (a CheckpointReader raises IndexError for it).
+  """
+  try:
+    return int(tf.train.load_checkpoint(path).get_tensor('global_step'))
+  except IndexError as e:
+    raise tf.errors.OutOfRangeError(None, None, str(e)) from None
 
 
 def make_saver(var_list=None):

@@ -105,7 +105,7 @@ def evaluate(checkpoint_path, data_dir, eval_data, batch_size, use_moving_averag
       saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
     else:
       saver = tf.compat.v1.train.Saver(tf.compat.v1.trainable_variables())
-    step = int(tf.train.load_checkpoint(checkpoint_path).get_tensor('global_step'))
+    step = checkpoints.step_of(checkpoint_path)
 
     true_count, total_loss, seen = 0, 0.0, 0
     with tf.compat.v1.Session() as sess:
@@ -248,7 +248,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         precision, loss, count, step = evaluate(
             path, options.data_dir, options.eval_data, options.batch_size,
             options.use_moving_averages, model, data_input)
-      except (tf.errors.OpError, ValueError, IndexError) as e:  # IndexError: a file cut short
+      except (tf.errors.OpError, ValueError) as e:
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do.
         if not checkpoints.rotated_away(path, went_away):
