@@ -4,6 +4,7 @@ The data sets are written once per test process by the product's own sample
 writers; a test that changes one makes its own. Every process a test starts
 through `tasks` is killed when the test ends, pass or fail.
 """
+import collections
 import os
 import signal
 import sys
@@ -97,6 +98,30 @@ _controller = []  # the pytest config of the process that writes the terminal
 def pytest_configure(config):
   if not hasattr(config, 'workerinput'):  # not an xdist worker: the controller, or -n 0
     _controller.append(config)
+
+
+# ---- How the programs were started: the last line of every run ----------------------------
+# Forked from an imported TensorFlow, or fresh (tests/helpers/forkserver.py says which
+# and why): a test that quietly goes back to fresh interpreters shows here.
+_starts = collections.Counter()
+
+
+def pytest_sessionfinish(session):
+  if hasattr(session.config, 'workerinput'):  # an xdist worker: to the controller
+    session.config.workeroutput['starts'] = dict(helpers.STARTS)
+  else:
+    _starts.update(helpers.STARTS)
+
+
+def pytest_testnodedown(node, error):
+  _starts.update(getattr(node, 'workeroutput', {}).get('starts', {}))
+
+
+def pytest_terminal_summary(terminalreporter):
+  terminalreporter.write_line(
+      'programs started: %d forked from an imported TensorFlow, %d fresh interpreters '
+      '(and %d fork servers; tests/helpers/forkserver.py)' % (
+          _starts['forked runs'], _starts['fresh interpreters'], _starts['fork servers']))
 
 
 def pytest_runtest_logreport(report):

@@ -2,7 +2,6 @@
 import ast
 import glob
 import os
-import resource
 import signal
 import types
 
@@ -68,7 +67,7 @@ def test_eval_event_file_over_file_size_limit_warns_once_and_still_scores(traine
   done = helpers.run(['cifar10_eval.py', '--run_once', '--data_dir=' + data_dir,
                       '--data_md5=' + md5, '--checkpoint_dir=' + train_dir,
                       '--eval_dir=%s' % tmp_path],
-                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (10, 10)))
+                     file_size_limit=10)
   [path] = helpers.event_files(tmp_path)
   assert done.code == 0 and 'Traceback' not in done.err, done.log()
   assert len(helpers.matches(helpers.PRECISION_LINE, done.out.splitlines())) == 1, done.log()

@@ -110,7 +110,7 @@ def _run(program, *args, env=None):
   TF_CPP_MIN_LOG_LEVEL=0: TensorFlow's INFO notice then says what it read."""
   done = helpers.run([program] + list(args), env=helpers.user_env(**dict(
       {machine.ENV: None, machine.SET_HERE_ENV: None, 'TF_CPP_MIN_LOG_LEVEL': '0'},
-      **(env or {}))))
+      **(env or {}))), fresh=True)
   assert done.code == 0, done.log()
   return done
 
@@ -160,7 +160,7 @@ def test_suite_process_runs_the_kernels_its_programs_run(tmp_path):
   here = _pywrap_util_port.IsMklEnabled()
   done = helpers.run(['multi_gpu_train.py', '--synthetic', '--batch_size=4', '--max_steps=1',
                       '--summary_steps=0', '--train_dir=%s' % tmp_path],
-                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'))
+                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'), fresh=True)
   assert done.code == 0, done.log()
   assert (TF_ONEDNN_LINE in done.err) == here, (here, done.log())
   assert ('oneDNN %s: ' % ('on' if here else 'off')) in done.out, done.log()

@@ -69,10 +69,10 @@ def test_train_then_evaluate_on_the_sample_no_warning_or_error_line_no_notice_tw
   env = helpers.user_env(TF_CPP_MIN_LOG_LEVEL=None)  # the programs' own default
   train_dir = str(tmp_path / 'train')
   runs = [helpers.run(['multi_gpu_train.py', '--onednn=on', '--max_steps=2', '--batch_size=8',
-                       '--train_dir=%s' % train_dir] + sample.flags, env=env, cwd=str(tmp_path)),
+                       '--train_dir=%s' % train_dir] + sample.flags, env=env, cwd=str(tmp_path), fresh=True),
           helpers.run(['cifar10_eval.py', '--onednn=on', '--run_once',
                        '--checkpoint_dir=%s' % train_dir, '--eval_dir=%s' % (tmp_path / 'eval')]
-                      + sample.flags, env=env, cwd=str(tmp_path))]
+                      + sample.flags, env=env, cwd=str(tmp_path), fresh=True)]
   for done in runs:
     assert done.code == 0, done.log()
     lines = done.err.splitlines()
@@ -87,7 +87,7 @@ def test_trainer_at_log_level_0_shows_tensorflow_start_up_notices(tmp_path):
   # Nothing of TensorFlow's is dropped when the user asks for everything.
   done = helpers.run(['multi_gpu_train.py', '--onednn=on', '--synthetic', '--max_steps=1',
                       '--batch_size=8', '--train_dir=%s' % tmp_path],
-                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'))
+                     env=helpers.user_env(TF_CPP_MIN_LOG_LEVEL='0'), fresh=True)
   assert done.code == 0, done.log()
   assert 'oneDNN custom operations are on' in done.err, done.log()
 

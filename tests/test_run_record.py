@@ -20,8 +20,8 @@ def test_write_run_record_over_file_size_limit_one_line_nothing_left(tmp_path):
             '  run_record.write_run_record(sys.argv[1], {"start_step": 3, "x": "x" * 999})\n'
             'except errors.TrainingError as e:\n'
             '  sys.exit("error: %s" % e)\n')
-  limit = helpers.file_size_limit(100)  # TensorFlow's start-up writes less
-  done = helpers.run([sys.executable, '-c', script, str(tmp_path)], preexec_fn=limit)
+  limit = 100  # TensorFlow's start-up writes less
+  done = helpers.run([sys.executable, '-c', script, str(tmp_path)], file_size_limit=limit)
   assert done.code == 1 and 'Traceback' not in done.err, done.log()
   line = done.err.strip().splitlines()[-1]
   assert re.match(r'error: cannot write the run record %s/run-\d{8}-\d{6}-step3\.json: File '

@@ -26,7 +26,7 @@ print('went on to the end')
 
 def test_summary_writer_over_file_size_limit_says_once_and_goes_on(tmp_path):
   done = helpers.run([sys.executable, '-c', SUMMARIES_UNDER_LIMIT, str(tmp_path)],
-                     preexec_fn=helpers.file_size_limit(2000))
+                     file_size_limit=2000)
   assert done.code == 0 and done.out == 'went on to the end\n', done.log()
   warnings = [line for line in done.err.splitlines() if 'cannot write' in line]
   [path] = helpers.event_files(tmp_path)

@@ -99,8 +99,8 @@ def test_checkpoint_write_over_file_size_limit_one_line_nothing_lost(sample, tmp
   _train(sample, tmp_path, max_steps=2)
   before = _files(tmp_path)
   state = (tmp_path / 'checkpoint').read_bytes()
-  limit = helpers.file_size_limit(1 << 20)  # no checkpoint (8.5 MB) can be written; the lock can
-  done = helpers.run(helpers.trainer_argv(sample, tmp_path, '--max_steps=4'), preexec_fn=limit)
+  limit = 1 << 20  # no checkpoint (8.5 MB) can be written; the lock can
+  done = helpers.run(helpers.trainer_argv(sample, tmp_path, '--max_steps=4'), file_size_limit=limit)
   assert done.code == 1, done.log()
   assert done.errors == [  # not oneDNN's lines
       'error: cannot write checkpoint %s/model.ckpt-4: File too large. Free '

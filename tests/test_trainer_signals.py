@@ -133,7 +133,7 @@ def test_signal_while_tensorflow_loads_is_held_run_stops_at_start_in_one_line(
     sample, tmp_path, tasks, sig, code, name):
   # A whole job stopped at once (a time limit) often finds its tasks still loading
   # TensorFlow: the signal waits for the step loop, which stops before any step.
-  trainer = tasks(helpers.trainer_argv(sample, tmp_path, '--max_steps=100000'))
+  trainer = tasks(helpers.trainer_argv(sample, tmp_path, '--max_steps=100000'), fresh=True)
   helpers.wait_until(lambda: helpers.signal_caught(trainer.pid, signal.SIGTERM) and
                      not _tensorflow_loaded(trainer.pid), 'the signals held while '
                      'TensorFlow loads', task=trainer)

@@ -170,14 +170,19 @@ def choose(argv, environ=None, tensorflow_imported=None):
   if tensorflow_imported:
     _chosen = current(environ)
     return _chosen
-  choice = decide(flag_value(argv), environ, platform.machine(), cpu_flags())
+  _chosen = apply(decide(flag_value(argv), environ, platform.machine(), cpu_flags()), environ)
+  return _chosen
+
+
+def apply(choice, environ):
+  """Sets TF_ENABLE_ONEDNN_OPTS in environ as choice says (and SET_HERE_ENV, to tell
+  it from the user's); a user's own value stays. Returns choice."""
   if choice.how != 'environment':
     if choice.on is None:
       environ.pop(ENV, None)
       environ.pop(SET_HERE_ENV, None)
     else:
       environ[ENV] = environ[SET_HERE_ENV] = '1' if choice.on else '0'
-  _chosen = choice
   return choice
 
 

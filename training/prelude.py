@@ -99,13 +99,15 @@ def import_tensorflow(environ=None, for_life=False):
   prints just before it aborts (a CPU without the instructions it was built for), or
   one printed just before os._exit, still reaches the terminal. Kept for life, the
   child ends once this process, and every process it started that shares its stderr,
-  has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind.
+  has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind. With
+  TensorFlow loaded already (a program forked from a loaded one: the tests'), for_life
+  still starts the filter, for the lines TensorFlow prints from then on.
   """
   environ = os.environ if environ is None else environ
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
   level = min_level(environ[LOG_LEVEL_ENV])
-  if 'tensorflow' in sys.modules or level == 0:
-    import tensorflow  # noqa: F401  (nothing to drop, or too late to)
+  if level == 0 or ('tensorflow' in sys.modules and not for_life):
+    import tensorflow  # noqa: F401  (nothing to drop, or too late to: loaded already)
     return
   sys.stderr.flush()
   read_end, write_end = os.pipe()

@@ -10,7 +10,7 @@
 
 The pytest fixtures that use them are in tests/conftest.py.
 """
-from helpers.processes import (ROOT, RUN_TIMEOUT_SECS, WAIT_SECS, Run, Task, file_size_limit,
+from helpers.processes import (ROOT, RUN_TIMEOUT_SECS, STARTS, WAIT_SECS, Run, Task, start,
                                once_per_run, process_state, run, run_eval_once,
                                send_and_mark, signal_caught, signal_pending, started_tasks,
                                task_pid, tasks_of, trainer_argv, user_env, wait_until,

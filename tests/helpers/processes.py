@@ -18,6 +18,8 @@ import tempfile
 import threading
 import time
 
+from helpers import forkserver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Bounds on waits that end long before them on a healthy run, loaded or not: a run
 # that reaches one has hung. pytest-timeout (pytest.ini) bounds each test as a whole.
@@ -31,14 +33,19 @@ TAIL_LINES = 40
 _log_numbers = itertools.count()
 
 
-def write_log(argv, code, text):
-  """Writes a process's whole log to a file; returns a message naming it, with its tail."""
+def _log_path(name):
+  """A new file's path in the session's log directory, made on first use."""
   global LOG_DIR
   if LOG_DIR is None:  # outside pytest (helpers used from a shell): this process's own
     LOG_DIR = tempfile.mkdtemp(prefix='cifar10_test_logs-')
-  os.makedirs(LOG_DIR, exist_ok=True)  # the session's, made on the first failure
+  os.makedirs(LOG_DIR, exist_ok=True)
+  return os.path.join(LOG_DIR, '%03d-%s.log' % (next(_log_numbers), name))
+
+
+def write_log(argv, code, text):
+  """Writes a process's whole log to a file; returns a message naming it, with its tail."""
   name = os.path.basename(next((a for a in argv if a.endswith('.py')), argv[0]))
-  path = os.path.join(LOG_DIR, '%03d-%s.log' % (next(_log_numbers), name))
+  path = _log_path(name)
   with open(path, 'w') as f:
     f.write('$ %s\nexit code %s\n\n%s\n' % (' '.join(map(str, argv)), code, text))
   tail = '\n'.join(text.splitlines()[-TAIL_LINES:])
@@ -101,25 +108,62 @@ class Run(collections.namedtuple('Run', ['argv', 'code', 'out', 'err'])):
     return [line for line in self.err.splitlines() if line.startswith('error')]
 
 
-def run(argv, timeout=RUN_TIMEOUT_SECS, env=None, cwd=ROOT, **kwargs):
-  """Runs argv to the end; a script name first runs it with this Python. Returns a Run."""
+def run(argv, timeout=RUN_TIMEOUT_SECS, env=None, cwd=ROOT, file_size_limit=None,
+        fresh=False):
+  """Runs argv to the end; a script name first runs it with this Python. Returns a Run.
+
+  file_size_limit: the program can write no file past this many bytes (RLIMIT_FSIZE).
+  fresh: in a new interpreter, not forked (start()).
+  """
   if argv[0].endswith('.py'):
     argv = [sys.executable, os.path.join(ROOT, argv[0])] + list(argv[1:])
+  process = start(argv, env, cwd, file_size_limit=file_size_limit, fresh=fresh)
   try:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env=user_env() if env is None else env, cwd=cwd, **kwargs)
-  except subprocess.TimeoutExpired as e:
-    text = 'stdout:\n%s\nstderr:\n%s' % (_text(e.stdout), _text(e.stderr))
+    out, err = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    out, err = process.communicate()
+    text = 'stdout:\n%s\nstderr:\n%s' % (out, err)
     raise AssertionError('still running after %d s: %s' % (
         timeout, write_log(argv, 'a kill', text))) from None
-  return Run(argv, done.returncode, done.stdout, done.stderr)
+  return Run(argv, process.returncode, out, err)
 
 
-def file_size_limit(limit):
-  """A preexec_fn for run(): the program can write no file past limit bytes (RLIMIT_FSIZE)."""
-  def preexec():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-  return preexec
+# ---- Starting them: forked from an imported TensorFlow, or fresh ------------------------
+# How many of each this test process started (conftest.py sums them over the suite).
+STARTS = collections.Counter()
+_servers = {}  # import environment (JSON) -> forkserver.Server; one, in practice
+
+
+def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fresh=False):
+  """Starts argv with its stdout and stderr piped (text); returns a Popen or a Forked.
+
+  A project script run with this Python is forked from a server that has imported
+  TensorFlow (forkserver.py), unless fresh=True or its import-time environment differs
+  from this process's own: then, and for anything else, a fresh process.
+  """
+  env = user_env() if env is None else env
+  script, _ = forkserver.script_of(argv)
+  if script and not fresh:
+    wanted = forkserver.import_environment(argv, env)
+    if wanted == forkserver.import_environment(argv, user_env()):
+      STARTS['forked runs'] += 1
+      return forkserver.Forked(_server(wanted), argv, env, cwd, new_session, file_size_limit)
+  if argv[0] == sys.executable:
+    STARTS['fresh interpreters'] += 1
+  preexec = file_size_limit and (lambda: resource.setrlimit(
+      resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit)))
+  return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, bufsize=1,
+                          start_new_session=new_session, preexec_fn=preexec or None)
+
+
+def _server(environment):
+  key = json.dumps(environment)
+  if key not in _servers:
+    STARTS['fork servers'] += 1
+    _servers[key] = forkserver.Server(dict(user_env(), **environment), _log_path('forkserver'))
+  return _servers[key]
 
 
 def trainer_argv(sample, train_dir, *extra):
@@ -134,10 +178,6 @@ def run_eval_once(sample, checkpoint_dir, eval_dir):
   """Runs cifar10_eval.py --run_once on a Sample to the end; returns its Run."""
   return run(['cifar10_eval.py', '--run_once', '--checkpoint_dir=%s' % checkpoint_dir,
               '--eval_dir=%s' % eval_dir] + sample.flags)
-
-
-def _text(data):
-  return data.decode(errors='replace') if isinstance(data, bytes) else (data or '')
 
 
 # ---- Programs watched while they run -----------------------------------------------------
@@ -155,13 +195,11 @@ class Task:
     """The argv that runs one of the project's scripts unbuffered with this Python."""
     return [sys.executable, '-u', os.path.join(ROOT, script)]
 
-  def __init__(self, argv, env=None, cwd=ROOT):
+  def __init__(self, argv, env=None, cwd=ROOT, fresh=False):
     if argv[0].endswith('.py'):
       argv = self.python_argv(argv[0]) + list(argv[1:])
     self.argv = argv
-    self.process = subprocess.Popen(argv, cwd=cwd, env=user_env() if env is None else env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, bufsize=1, start_new_session=True)
+    self.process = start(argv, env, cwd, new_session=True, fresh=fresh)
     self.lines, self.arrived, self.out_lines, self.err_lines = [], [], [], []
     self._changed = threading.Condition()
     self._readers = [threading.Thread(target=self._read, args=(pipe, own), daemon=True)
@@ -250,11 +288,12 @@ class Task:
 
 
 def started_tasks():
-  """A generator for fixtures: yields start(argv, env=None) -> Task, then kills them all."""
+  """A generator for fixtures: yields start(argv, env=None, fresh=False) -> Task, then
+  kills them all."""
   started = []
 
-  def start(argv, env=None):
-    started.append(Task(argv, env))
+  def start(argv, env=None, fresh=False):
+    started.append(Task(argv, env, fresh=fresh))
     return started[-1]
   yield start
   for task in started:

@@ -1,0 +1,350 @@
+"""The programs the tests run, started from an imported TensorFlow: a fork server.
+
+A program spends about 3 s of CPU importing TensorFlow before its first line, and the
+suite runs a few hundred of them. So, as TensorFlow's own multi-process tests do (a
+forkserver whose preload imports TensorFlow), a server process imports tensorflow,
+numpy and absl once, and forks each program from there:
+
+    server (python forkserver.py SOCKET): single-threaded, no session or server made
+      -> fork -> the child takes the request's argv, environment, working directory,
+                 standard streams, session and file-size limit, and Python's own signal
+                 dispositions, then runs the script as __main__, as `python script.py`.
+
+A child is a real process: its own pid, signalled and killed like any other (in a
+session of its own when asked), its exit status read by the server, its parent, and
+passed back as Popen gives it (143 for an exit of its own, -9 for a SIGKILL). `Forked`
+is the client's handle, with as much of Popen's interface as the tests use.
+
+Fresh interpreters stay where what a test checks happens before or while TensorFlow
+loads (processes.start says which): a run whose variables read at import (oneDNN's
+choice, TF_CPP_MIN_LOG_LEVEL, PYTHONPATH, ...) differ from the server's
+(import_environment), anything but a script (`python -c`), and the runs whose tests ask
+for fresh ones, as what they check happens as TensorFlow loads: test_prelude.py's and
+test_onednn.py's (the lines TensorFlow prints then, the setting it reads then), and
+test_trainer_signals.py's signal sent while TensorFlow loads.
+
+One difference from a fresh process remains: TensorFlow's process-wide generator, which
+unseeded ops draw from, may be shared by the children of one server (numpy's and
+Python's are reseeded in each child); a test that needs two runs to differ gives seeds.
+"""
+import atexit
+import io
+import json
+import os
+import re
+import resource
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PRELOAD = ('tensorflow', 'numpy', 'absl.app', 'absl.flags')  # what every program imports first
+# Variables read while Python and TensorFlow load: a run whose values differ from a
+# server's is not forked from it.
+IMPORT_TIME = re.compile(r'(TF_|ONEDNN_|DNNL_|CUDA_|OMP_|KMP_|MKL_|PYTHON|LD_|GRPC_)')
+NOT_IMPORT_TIME = {'TF_CONFIG', 'PYTHONUNBUFFERED'}  # read by the program as it runs
+REQUEST_BYTES = 1 << 20      # one request's JSON: argv, environment, cwd
+SERVER_ENV = {'OPENBLAS_NUM_THREADS': '1'}  # numpy's OpenBLAS would start a thread
+
+
+# ---- Which runs are forked -------------------------------------------------------------
+
+def script_of(argv):
+  """(script, unbuffered) when argv is `python [-u] script.py ...` with this Python,
+  else (None, False)."""
+  unbuffered = len(argv) > 2 and argv[1] == '-u'
+  script = argv[2 if unbuffered else 1] if len(argv) > 1 else ''
+  if argv[0] != sys.executable or not script.endswith('.py'):
+    return None, False
+  return script, unbuffered
+
+
+def import_environment(argv, env):
+  """What a program run as argv, in env, has read by the time TensorFlow is in: env's
+  import-time variables, with prelude's log level and machine.choose's oneDNN setting."""
+  from training import machine, prelude
+  env = dict(env)
+  env.setdefault(prelude.LOG_LEVEL_ENV, prelude.DEFAULT_LOG_LEVEL)
+  machine.apply(machine.decide(machine.flag_value(argv), env, machine.platform.machine(),
+                               machine.cpu_flags()), env)
+  return {name: value for name, value in sorted(env.items())
+          if (IMPORT_TIME.match(name) and name not in NOT_IMPORT_TIME)
+          or name == machine.SET_HERE_ENV}
+
+
+# ---- The client's side -------------------------------------------------------------------
+
+class Server:
+  """A server process for one import environment, started by this test process."""
+
+  def __init__(self, env, log_path):
+    self.directory = tempfile.mkdtemp(prefix='forkserver-')  # a short path: AF_UNIX's limit
+    self.path = os.path.join(self.directory, 'socket')
+    self.log_path = log_path
+    with open(log_path, 'ab') as log:
+      # stdin is the server's lifeline: it exits when this process closes the pipe.
+      self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.path],
+                                      env=dict(env, **SERVER_ENV), cwd=ROOT,
+                                      stdin=subprocess.PIPE, stdout=log, stderr=log)
+    atexit.register(self.stop)
+
+  def connect(self):
+    """A connection to the server, once it listens (it binds before its imports)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    while True:
+      try:
+        conn.connect(self.path)
+        return conn
+      except (FileNotFoundError, ConnectionRefusedError):
+        if self.process.poll() is not None:
+          raise AssertionError('the fork server exited with %s; its log: %s'
+                               % (self.process.returncode, self.log_path)) from None
+        select.select([], [], [], 0.01)
+
+  def stop(self):
+    if self.process.poll() is None:
+      self.process.stdin.close()
+      self.process.wait()
+
+
+class Forked:
+  """A program forked by a Server: pid, stdout, stderr, poll, wait, send_signal, kill,
+  returncode, as Popen has them (text pipes, line-buffered)."""
+
+  def __init__(self, server, argv, env, cwd, new_session=False, file_size_limit=None):
+    self.args, self.returncode = argv, None
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    self._conn = server.connect()
+    request = dict(argv=list(map(str, argv)), env=env, cwd=str(cwd), new_session=new_session,
+                   file_size_limit=file_size_limit)
+    try:
+      socket.send_fds(self._conn, [json.dumps(request).encode()], [0, out_write, err_write])
+    finally:
+      os.close(out_write)
+      os.close(err_write)
+    answer = self._conn.recv(64)
+    if not answer.startswith(b'pid '):
+      raise AssertionError('the fork server did not start %s (%r); its log: %s'
+                           % (argv, answer, server.log_path))
+    self.pid = int(answer.split()[1])
+    self.stdout = open(out_read, 'r', buffering=1)
+    self.stderr = open(err_read, 'r', buffering=1)
+
+  def poll(self):
+    return self.wait(0, raise_timeout=False)
+
+  def wait(self, timeout=None, raise_timeout=True):
+    """The exit code, once the server has reported it; TimeoutExpired after timeout s."""
+    if self.returncode is None:
+      if not select.select([self._conn], [], [], timeout)[0]:
+        if raise_timeout:
+          raise subprocess.TimeoutExpired(self.args, timeout)
+        return None
+      status = self._conn.recv(64)
+      if not status.startswith(b'exit '):
+        raise AssertionError('the fork server went away before %s ended' % self.pid)
+      self.returncode = int(status.split()[1])
+      self._conn.close()
+    return self.returncode
+
+  def send_signal(self, signum):
+    if self.poll() is None:
+      os.kill(self.pid, signum)
+
+  def terminate(self):
+    self.send_signal(signal.SIGTERM)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+  def communicate(self, timeout=None):
+    """(stdout, stderr) read to their ends, then the exit waited for, as Popen's."""
+    if not hasattr(self, '_readers'):  # started once: a call after a timeout goes on reading
+      self._texts = {}
+      self._readers = [threading.Thread(target=self._read_all, args=(pipe,), daemon=True)
+                       for pipe in (self.stdout, self.stderr)]
+      for reader in self._readers:
+        reader.start()
+    for reader in self._readers:
+      reader.join(timeout)
+      if reader.is_alive():
+        raise subprocess.TimeoutExpired(self.args, timeout)
+    self.wait(timeout)
+    return self._texts[self.stdout], self._texts[self.stderr]
+
+  def _read_all(self, pipe):
+    self._texts[pipe] = pipe.read()
+
+
+# ---- The server's side ---------------------------------------------------------------------
+
+def serve(path):
+  """Listens on path, imports PRELOAD, then forks a child per request until stdin ends."""
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  listener.bind(path)
+  listener.listen(64)
+  for name in PRELOAD:
+    __import__(name)
+  threads = os.listdir('/proc/self/task')
+  if len(threads) != 1:  # a fork would copy a lock some other thread holds
+    sys.exit('fork server: %d threads after the imports; forking is unsafe' % len(threads))
+  wake_read, wake_write = os.pipe()
+  os.set_blocking(wake_write, False)
+  signal.set_wakeup_fd(wake_write)
+  signal.signal(signal.SIGCHLD, lambda *_: None)
+  children = {}  # pid -> the connection its exit status goes to
+  while True:
+    ready = select.select([listener, sys.stdin, wake_read], [], [])[0]
+    if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+      return
+    if wake_read in ready:
+      os.read(wake_read, 4096)
+      report_exits(children)
+    if listener in ready:
+      conn = listener.accept()[0]
+      own = [listener.fileno(), sys.stdin.fileno(), wake_read, wake_write, conn.fileno()]
+      child = start_child(conn, own + [c.fileno() for c in children.values()])
+      if child:
+        children[child] = conn
+
+
+def report_exits(children):
+  """Reaps every child that has exited; sends each its exit code as Popen gives it."""
+  while children:
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if not pid:
+      return
+    conn = children.pop(pid, None)
+    if conn:
+      try:
+        conn.send(b'exit %d' % os.waitstatus_to_exitcode(status))
+      except OSError:  # the client went away
+        pass
+      conn.close()
+
+
+def start_child(conn, server_fds):
+  """Forks the child a request on conn asks for; returns its pid (None: refused)."""
+  message, fds, _, _ = socket.recv_fds(conn, REQUEST_BYTES, 3)
+  if len(fds) != 3:
+    conn.send(b'refused: expected 3 descriptors')
+    return None
+  sys.stdout.flush()
+  sys.stderr.flush()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      become(json.loads(message), fds, server_fds)
+    finally:
+      os._exit(70)  # not reached: become() ends in os._exit
+  for fd in fds:
+    os.close(fd)
+  conn.send(b'pid %d' % pid)
+  return pid
+
+
+def become(request, fds, server_fds):
+  """In the child: takes on what a fresh `python script.py` would have, then runs it."""
+  signal.set_wakeup_fd(-1)
+  for fd in server_fds:
+    os.close(fd)
+  for target, fd in enumerate(fds):
+    os.dup2(fd, target)
+    os.close(fd)
+  if request['new_session']:
+    os.setsid()
+  if request['file_size_limit'] is not None:
+    limit = request['file_size_limit']
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+  os.chdir(request['cwd'])
+  os.environ.clear()
+  os.environ.update(request['env'])
+  python_signal_dispositions()
+  script, unbuffered = script_of(request['argv'])
+  unbuffered = unbuffered or bool(os.environ.get('PYTHONUNBUFFERED'))
+  sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+      io.FileIO(1, 'w', closefd=False) if unbuffered else io.BufferedWriter(
+          io.FileIO(1, 'w', closefd=False)), encoding=sys.stdout.encoding,
+      write_through=unbuffered)
+  sys.argv = request['argv'][request['argv'].index(script):]
+  sys.orig_argv = request['argv']
+  sys.path[0] = os.path.dirname(os.path.realpath(script))
+  import numpy
+  numpy.random.seed()  # as a fresh process's (Python's own random reseeds itself)
+  choose_onednn_as_fresh(sys.path[0])
+  os._exit(run_as_main(script))
+
+
+def python_signal_dispositions():
+  """What a fresh Python starts with: SIGINT raises KeyboardInterrupt, SIGPIPE and
+  SIGXFSZ ignored (errors instead), every other signal's default, none blocked."""
+  for signum in signal.valid_signals():
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+      try:
+        signal.signal(signum, signal.SIG_DFL)
+      except (OSError, ValueError):  # the C library's own (SIGRTMIN's first two)
+        pass
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def choose_onednn_as_fresh(script_dir):
+  """The project's programs choose oneDNN before TensorFlow loads (training/machine.py):
+  the server loaded it as that choice says (import_environment), so the choice is made
+  here as a fresh program makes it, not reported as made too late."""
+  if os.path.isfile(os.path.join(script_dir, 'training', 'machine.py')):
+    from training import machine
+    machine.choose(sys.argv, tensorflow_imported=False)
+
+
+def run_as_main(script):
+  """Runs script as __main__; returns the exit code Python would exit with."""
+  code = 0
+  try:
+    runpy.run_path(script, run_name='__main__')
+  except SystemExit as e:
+    code = exit_code(e.code)
+  except KeyboardInterrupt:  # Python dies of the signal, after the traceback
+    traceback.print_exc()
+    die_of(signal.SIGINT)
+  except BaseException:
+    sys.excepthook(*sys.exc_info())
+    code = 1
+  threading._shutdown()  # as at a fresh interpreter's end: non-daemon threads, atexit
+  atexit._run_exitfuncs()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      code = 120  # Python's own code when flushing at exit fails
+  return code
+
+
+def exit_code(code):
+  """sys.exit(code)'s exit status: None 0, an integer itself, anything else printed, 1."""
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code & 0xff
+  print(code, file=sys.stderr)
+  return 1
+
+
+def die_of(signum):
+  sys.stdout.flush()
+  sys.stderr.flush()
+  signal.signal(signum, signal.SIG_DFL)
+  os.kill(os.getpid(), signum)
+
+
+if __name__ == '__main__':
+  serve(sys.argv[1])
