@@ -15,7 +15,10 @@ its last checkpoint):
 The ps task returns once every worker has reported, or once the chief (worker 0)
 has reported and GRACE_SECS have passed without the rest: a worker that died
 without a word must not keep the ps tasks waiting forever; the chief speaks for
-the job. Both sides build the same queue, by name (shared_name) on the same
+the job. A chief that gives up (an error: exit 1, or 138 for a peer gone) says so
+too, with its exit code, and the ps tasks end at once with the same code: a job
+whose chief failed has nothing left to serve, and an orchestrator that restarts
+on that code restarts them with it. Both sides build the same queue, by name (shared_name) on the same
 device, /job:ps/task:i, so they reach the same one in the ps task's memory.
 
 A job stopped whole (Slurm's scancel, a time limit, a Kubernetes job deleted) signals
@@ -45,13 +48,20 @@ WorkersSeen = collections.namedtuple('WorkersSeen', [
     'reported',  # sorted worker indexes that said they finished
     'why',       # 'all': every worker reported; 'grace': the chief did, and GRACE_SECS
                  # passed; 'stopped': should_stop() said so, then the chief stopped
-                 # (or STOP_WAIT_SECS passed)
-])
+                 # (or STOP_WAIT_SECS passed); 'gave up': the chief gave up
+    'chief_exit_code',  # 'gave up': the chief's exit code, which the ps task takes
+], defaults=[None])
 
 
-def queued_value(worker_index, stopped):
+GAVE_UP = -(1 << 16)         # the chief's word that it gave up: GAVE_UP - its exit code
+
+
+def queued_value(worker_index, stopped, gave_up=None):
   """What a worker puts in the queue: its index when it has finished training,
-  -1 - its index when it stopped on a signal (the chief: after its save)."""
+  -1 - its index when it stopped on a signal (the chief: after its save), and
+  GAVE_UP - its exit code when the chief gave up (a failure: 1, or 138)."""
+  if gave_up is not None:
+    return GAVE_UP - gave_up
   return -1 - worker_index if stopped else worker_index
 
 
@@ -68,7 +78,7 @@ def finished_queue(ps_index):
                               name='finished_workers_ps%d' % ps_index)
 
 
-def finished_op(num_ps, worker_index, stopped=False):
+def finished_op(num_ps, worker_index, stopped=False, gave_up=None):
   """The op that tells every ps task this worker has finished (or stopped): one enqueue each.
 
   Placed on the ps tasks explicitly, so it may be built under the worker's
@@ -86,14 +96,14 @@ def finished_op(num_ps, worker_index, stopped=False):
   for ps_index in range(num_ps):
     queue = finished_queue(ps_index)
     with tf.device('/job:ps/task:%d' % ps_index):
-      enqueues.append(queue.enqueue(tf.constant(queued_value(worker_index, stopped),
+      enqueues.append(queue.enqueue(tf.constant(queued_value(worker_index, stopped, gave_up),
                                                 tf.int32)))
-  return tf.group(*enqueues, name='worker%d_%s' % (worker_index,
+  return tf.group(*enqueues, name='worker%d_%s' % (worker_index, 'gave_up' if gave_up else
                                                    'stopped' if stopped else 'finished'))
 
 
 def report_finished(target, num_ps, worker_index, config=None,
-                    timeout_secs=REPORT_TIMEOUT_SECS, stopped=False):
+                    timeout_secs=REPORT_TIMEOUT_SECS, stopped=False, gave_up=None):
   """Tells every ps task this worker has finished (or stopped, after its last save);
   False if not within timeout_secs.
 
@@ -110,6 +120,7 @@ def report_finished(target, num_ps, worker_index, config=None,
     timeout_secs: float, how long to try.
     stopped: True: stopped on a signal, not finished (the ps tasks may leave once
       the chief has said so).
+    gave_up: the chief's exit code when it gave up: the ps tasks end with it.
 
   Returns:
     True once every ps task has the report; False when some did not answer in
@@ -122,7 +133,7 @@ def report_finished(target, num_ps, worker_index, config=None,
 
   def report():
     with tf.Graph().as_default() as graph:
-      op = finished_op(num_ps, worker_index, stopped)
+      op = finished_op(num_ps, worker_index, stopped, gave_up)
     with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
       sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000)))
     done.append(True)
@@ -171,6 +182,8 @@ def wait_for_workers(server, ps_index, num_workers, grace_secs=GRACE_SECS,
       # Read before the queue: a chief's word that came with the stop is heard now.
       stopping = should_stop is not None and should_stop()
       heard.take(sess.run(reports))
+      if heard.chief_gave_up is not None:
+        return WorkersSeen(sorted(heard.finished), 'gave up', heard.chief_gave_up)
       if heard.all_finished():
         return WorkersSeen(sorted(heard.finished), 'all')
       if heard.chief_finished_for(grace_secs):
@@ -193,9 +206,15 @@ class Heard:
   def __init__(self, ps_index, num_workers, log):
     self._ps_index, self._num_workers, self._log = ps_index, num_workers, log
     self.finished, self._said_at, self._chief_finished_at = set(), {}, None
+    self.chief_gave_up = None  # its exit code, once it said so
 
   def take(self, values):
     for value in map(int, values):
+      if value <= GAVE_UP:
+        self.chief_gave_up = GAVE_UP - value
+        self._log('ps task %d: the chief gave up (exit %d); nothing is left to serve: '
+                  'ending with it' % (self._ps_index, self.chief_gave_up))
+        continue
       worker = -1 - value if value < 0 else value  # queued_value's stop, or finish
       self._said_at[worker] = time.time()
       if value < 0:

@@ -26,6 +26,7 @@ def run_ps(cluster, task_index, stop):
 
   Raises:
     errors.Stopped: stopped by a signal before the workers had finished.
+    errors.Ended: the chief gave up; this task ends with its exit code.
   """
   server = task_cluster.start_server(cluster, 'ps', task_index, 'ps task %d' % task_index)
   num_workers = cluster.num_tasks('worker')
@@ -41,6 +42,8 @@ def run_ps(cluster, task_index, stop):
   if seen.why == 'stopped':
     print('ps task %d stopped by %s' % (task_index, stop.name), flush=True)
     raise errors.Stopped(stop.exit_code)
+  if seen.why == 'gave up':
+    raise errors.Ended(seen.chief_exit_code)  # said already, in wait_for_workers' log
   print('ps task %d done: training is over' % task_index, flush=True)
 
 

@@ -41,6 +41,22 @@ def report_to_ps(run, stopped):
 
 
 @contextlib.contextmanager
+def chief_failure_ends_the_job(run):
+  """The chief that gives up on an error tells the ps tasks, which then end with its
+  exit code (ps_shutdown): a ps task left serving a chief that is gone kept a hand-
+  started job, or a Kubernetes one, running without end. Bounded as a stopped
+  worker's report: the ps tasks may be what failed."""
+  try:
+    yield
+  except (errors.TrainingError, errors.DataError) as e:
+    if run.is_chief:
+      ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
+                                  run.config, timeout_secs=STOPPED_REPORT_SECS,
+                                  gave_up=errors.exit_code(e))
+    raise
+
+
+@contextlib.contextmanager
 def stopped_without_ps(run, graph, stop, progress):
   """A stopped worker whose ps tasks left first stops as a stopped worker: one line,
   the signal's exit code. Only the chief has anything to lose: it says what is on

@@ -95,6 +95,15 @@ SLOW_PHASE_SECS = 30
 _controller = []  # the pytest config of the process that writes the terminal
 
 
+# The real-Slurm tests mostly wait on Slurm's clock (a one-minute time limit, a requeue's
+# hold): first, so that the other tests run beside those waits rather than after them.
+WAITING_FIRST = 'test_slurm.py'
+
+
+def pytest_collection_modifyitems(items):
+  items.sort(key=lambda item: item.path.name != WAITING_FIRST)  # stable: else as collected
+
+
 def pytest_configure(config):
   if not hasattr(config, 'workerinput'):  # not an xdist worker: the controller, or -n 0
     _controller.append(config)
@@ -118,10 +127,12 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
-  terminalreporter.write_line(
-      'programs started: %d forked from an imported TensorFlow, %d fresh interpreters '
-      '(and %d fork servers; tests/helpers/forkserver.py)' % (
-          _starts['forked runs'], _starts['fresh interpreters'], _starts['fork servers']))
+  if sum(_starts.values()):
+    terminalreporter.write_line(
+        'programs started: %d forked from an imported TensorFlow, %d fresh interpreters, '
+        '%d fork servers (tests/helpers/forkserver.py); and by --local_cluster launchers, '
+        'fresh, up to %d tasks' % (_starts['forked runs'], _starts['fresh interpreters'],
+                                   _starts['fork servers'], _starts['local cluster tasks']))
 
 
 def pytest_runtest_logreport(report):

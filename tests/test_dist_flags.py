@@ -130,14 +130,15 @@ def test_worker_no_ps_reachable_exits_138_after_its_startup_deadline(tasks, samp
 
 # A batch whose one step needs more memory than any machine has (about 2 MB an image).
 HUGE_BATCH = 10 ** 7
+PS_ENDS_SECS = 30  # a ps task ends this soon after its chief gave up (it polls twice a second)
 
 
 @pytest.mark.slow
-def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(tasks,
-                                                                                tmp_path):
+def test_chief_batch_too_large_for_memory_stops_in_one_line_its_ps_task_ends_with_it(
+    tasks, tmp_path):
   ps_port, worker_port = local_cluster.free_ports(2)
   hosts = ['--ps_hosts=127.0.0.1:%d' % ps_port, '--worker_hosts=127.0.0.1:%d' % worker_port]
-  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  ps = tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
   worker = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
                   '--synthetic', '--batch_size=%d' % HUGE_BATCH, '--train_dir=%s' % tmp_path])
   assert worker.finish() == 1, worker.log()
@@ -146,6 +147,7 @@ def test_worker_batch_too_large_for_memory_stops_in_one_line_before_the_session(
       'error: one step at --batch_size=%d x 1 towers needs about ' % HUGE_BATCH), worker.log()
   assert 'Traceback' not in worker.text and 'Starting from step 0' not in worker.text
   assert not [name for name in os.listdir(tmp_path) if name.startswith('model.ckpt')]
+  assert ps.finish(timeout=PS_ENDS_SECS) == 1, ps.log()  # it served on, before
 
 
 # ---- Every worker trains the chief's run (distributed/run_match.py) ----------------
@@ -159,14 +161,18 @@ def hand_started(num_workers):
 
 
 @pytest.mark.slow
-def test_sync_chief_without_its_other_worker_waits_then_exits_138_training_nothing(
+def test_sync_chief_without_its_other_worker_waits_then_exits_138_ps_ends_with_it(
     tasks, tmp_path):
   hosts = hand_started(2)
-  tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  ps = tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
   chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *hosts,
                  *helpers.STEADY_FLAGS, '--sync_replicas', '--startup_timeout_secs=5',
                  '--max_steps=50', '--train_dir=%s' % tmp_path])
   assert chief.finish() == 138, chief.log()
+  # The job is over: the ps task ends with the chief's code (it served on, before).
+  assert ps.finish(timeout=PS_ENDS_SECS) == 138, ps.log()
+  assert ps.out_lines[-1] == ('ps task 0: the chief gave up (exit 138); nothing is left to '
+                              'serve: ending with it'), ps.log()
   assert 'worker 0: sync: waiting for worker(s) 1 to join, up to 5 s' in chief.out_lines
   errors = [line for line in chief.err_lines if line.startswith('error')]
   assert len(errors) == 1 and errors[0].startswith(

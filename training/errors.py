@@ -49,6 +49,16 @@ class Stopped(Exception):
     self.exit_code = exit_code
 
 
+class Ended(Stopped):
+  """The job ended under this task (its chief gave up), which has said so; exit with
+  `exit_code`, the chief's."""
+
+
+def exit_code(e):
+  """The exit code one_line_errors() gives an error: PeerGone 138, the others 1."""
+  return PEER_GONE_EXIT_CODE if isinstance(e, PeerGone) else 1
+
+
 @contextlib.contextmanager
 def one_line_errors():
   """Ends a program with one line and an exit code for every failure a user can cause.

@@ -10,6 +10,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -143,6 +144,9 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
   from this process's own: then, and for anything else, a fresh process.
   """
   env = user_env() if env is None else env
+  STARTS['local cluster tasks'] += sum(  # the launcher starts them fresh (its docstring)
+      sum(map(int, arg.split('=', 1)[1].split(','))) for arg in argv
+      if re.fullmatch(r'--local_cluster=\d+,\d+', str(arg)))
   script, _ = forkserver.script_of(argv)
   if script and not fresh:
     wanted = forkserver.import_environment(argv, env)
