@@ -69,6 +69,11 @@ def batches_dir(data_dir):
   return os.path.join(data_dir, BATCHES_DIR)
 
 
+def train_files(data_dir):
+  """The training files' paths: what one epoch reads."""
+  return [os.path.join(batches_dir(data_dir), name) for name in TRAIN_FILES]
+
+
 def train_records(data_dir):
   """Records in the five training files, and which files: one epoch of training.
 

@@ -157,6 +157,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
                                           mode.release_stopping_step())
       with worker_end.stopped_without_ps(run, graph, stop, progress):
+        graph.run_match.compare_before_session(run, worker.startup_timeout_secs)
         with worker_sessions.open_session(run, graph, settings, worker.startup_timeout_secs,
                                           stop) as sess:
           loop_checking_data(sess, run, mode, graph, settings, worker, stop, progress)
@@ -239,9 +240,9 @@ def build(run, mode, settings, worker, data, epoch, examples_per_update, record)
       next_batch = input_data.worker_batches(data.input, settings.data_dir,
                                              settings.batch_size, settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    match = run_match.RunMatch(run_match.describe(settings, worker, data), run.num_workers,
-                               run.task_index)
-    lr, _ = updates.learning_rate(global_step, examples_per_update, epoch.count, model)
+    match = run_match.RunMatch(run.num_workers, run.task_index)
+    lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
+                                            model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
     loss_scale = mixed_precision.make_loss_scale() if settings.use_fp16 else None
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
@@ -262,6 +263,8 @@ def build(run, mode, settings, worker, data, epoch, examples_per_update, record)
     summary_op = (summaries.build_summaries(range(len(run.devices)), towers.losses, grads,
                                             lr, model, snapshot and snapshot.scale)
                   if settings.summary_steps else None)
+    match.publish(run_match.describe(settings, worker, data, decay_steps,
+                                     tf.compat.v1.get_default_graph().as_graph_def()))
     # Not sharded: the chief writes every file, so only it needs --train_dir.
     # The chief says what it trains each time its session opens (run_match.py).
     scaffold = tf.compat.v1.train.Scaffold(

@@ -73,6 +73,11 @@ def read_records(path):
   return np.stack(images), np.array(labels, np.int64)
 
 
+def train_files(data_dir):
+  """The training file's path, in a list: what one epoch reads."""
+  return [os.path.join(data_dir, TRAIN_FILE)]
+
+
 def train_records(data_dir):
   """Records in train.tfrecords, and that name: one epoch of training (the book's 60,000
   with the official files; a sample or your own file counts its own)."""

@@ -1,19 +1,26 @@
-"""Every worker trains the chief's model, and a sync chief waits for its workers.
+"""Every worker trains the chief's run, and a sync chief waits for its workers.
 
 Two variables on the ps tasks, in no collection (no checkpoint holds them, no
 worker's initialisation touches them):
-- `run_description`: the chief writes what defines its run (its model module's
-  constants, fp16's, and the flags below) each time its session opens. Every
-  other worker compares its own before its first step and refuses to train
-  another model in one line. Without this, a worker built from another
-  LAYER1_NODE died in a long traceback at its first step while the chief trained
-  on, and one with another learning rate was never noticed.
-- `workers_joined`: one flag a worker, set once its comparison passed. A sync
-  chief waits for every flag before its first step: an update averages the first
-  gradients computed from its variables, whichever workers send them, and a chief
-  that started first took every one of them itself until the others came.
+- `run_description`: the chief writes what defines its run each time its session
+  opens: the flags below, its model module's constants (fp16's too), the learning
+  rate's decay_steps, the md5 of each training file (or --synthetic), and a
+  fingerprint of its training graph (tower 0: the model, its loss and its gradients,
+  as built, devices aside), which changed code changes. Every other worker
+  compares its own before its session opens, and refuses to train another run in
+  one line naming the first difference. Before its session: that session waits for
+  the chief to initialise every variable the worker has, and one the chief lacks
+  (fp16's loss scale, for a worker alone with --use_fp16) kept both waiting.
+- `workers_joined`: one flag a worker, set to 1 once its session is open and its
+  comparison passed, to REFUSED when it refused. A sync chief waits for every flag
+  before its first step (an update averages the first gradients computed from its
+  variables, whichever workers send them, and a chief that started first took
+  every one of them itself until the others came), and stops in one line, exit 1,
+  when a worker refused.
 """
+import hashlib
 import json
+import os
 import time
 
 import tensorflow as tf
@@ -21,15 +28,21 @@ import tensorflow as tf
 from distributed import worker_sessions
 from training import errors, mixed_precision, run_record
 
-# The flags that change what an update computes. Not --num_gpus (machines differ) nor
-# the directories and waits (each task's own).
-COMPARED_FLAGS = ('dataset', 'batch_size', 'max_steps', 'use_fp16', 'use_bf16')
+# The flags that change what an update computes. Not --num_gpus (machines differ, and
+# its effect on the schedule is compared as decay_steps) nor the directories and waits.
+COMPARED_FLAGS = ('dataset', 'batch_size', 'max_steps', 'use_fp16', 'use_bf16', 'synthetic')
+GRAPH = 'training graph'     # the fingerprint's name in a description
+REFUSED = -1                 # a worker's flag in workers_joined once it refused
 POLL_SECS = 0.2
 SHOWN_DIFFERENCES = 3
+MD5_CHUNK_BYTES = 1 << 20
 
 
-def describe(settings, worker, data):
-  """{name: value} of what every worker must share with the chief."""
+def describe(settings, worker, data, decay_steps, graph_def):
+  """{name: value} of what every worker must share with the chief.
+
+  graph_def: this worker's GraphDef, its towers built (graph_fingerprint).
+  """
   described = {'--%s' % name: getattr(settings, name) for name in COMPARED_FLAGS}
   described['--sync_replicas'] = worker.sync_replicas
   described['--replicas_to_aggregate'] = worker.replicas_to_aggregate
@@ -39,27 +52,59 @@ def describe(settings, worker, data):
   for path, module in modules.items():
     for name, value in run_record.constants_of(module).items():
       described['%s %s' % (path, name)] = value
+  described['decay_steps'] = decay_steps  # from --batch_size and the towers, per update
+  if not settings.synthetic:
+    for path in data.input.train_files(settings.data_dir):
+      described['md5 of %s' % os.path.basename(path)] = file_md5(path)
+  described[GRAPH] = graph_fingerprint(graph_def, '%s_0/' % data.model.TOWER_NAME)
   return described
+
+
+def file_md5(path):
+  """The md5 of a file's bytes, in hex (a relabelled copy differs; its name and size not)."""
+  digest = hashlib.md5()
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(MD5_CHUNK_BYTES), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def graph_fingerprint(graph_def, scope):
+  """A sha256 of the nodes under name scope `scope` (tower 0: what the model's code
+  builds, its loss and its gradients): their names, ops, inputs and attributes, with
+  devices and colocations, which differ by task, taken out. Hex, 16 digits."""
+  digest = hashlib.sha256()
+  for node in sorted((n for n in graph_def.node if n.name.startswith(scope)),
+                     key=lambda n: n.name):
+    digest.update(('%s %s %s\n' % (node.name, node.op, ','.join(node.input))).encode())
+    for key in sorted(set(node.attr) - {'_class'}):
+      digest.update(key.encode() + node.attr[key].SerializeToString(deterministic=True))
+  return digest.hexdigest()[:16]
 
 
 class RunMatch:
   """The two variables, and this worker's own description and place.
 
-  Build it inside the ps tasks' device scope (replica_device_setter). The chief's
-  local_init_op runs publish_op.
+  Build it inside the ps tasks' device scope (replica_device_setter), then publish()
+  once the graph is built; the chief's local_init_op runs publish_op.
   """
 
-  def __init__(self, described, num_workers, task_index):
-    self.described = _as_shown(described)
-    self._task_index = task_index
+  def __init__(self, num_workers, task_index):
+    self._num_workers, self._task_index = num_workers, task_index
     self._description = tf.compat.v1.Variable('', trainable=False, collections=[],
                                               name='run_description', dtype=tf.string)
     self._joined = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int32), trainable=False,
                                          collections=[], name='workers_joined')
     self._published = tf.identity(tf.compat.v1.is_variable_initialized(self._description))
-    with tf.control_dependencies([self._keep_or_clear_joined(num_workers)]):
-      self.publish_op = self._description.assign(json.dumps(described, sort_keys=True))
     self._join_op = tf.compat.v1.scatter_update(self._joined, [task_index], [1])
+    self._refuse_op = tf.compat.v1.scatter_update(self._joined, [task_index], [REFUSED])
+    self.described, self.publish_op = None, None
+
+  def publish(self, described):
+    """Takes this worker's description (describe()); builds publish_op, the chief's."""
+    self.described = _as_shown(described)
+    with tf.control_dependencies([self._keep_or_clear_joined(self._num_workers)]):
+      self.publish_op = self._description.assign(json.dumps(described, sort_keys=True))
 
   def _keep_or_clear_joined(self, num_workers):
     """The flags, kept when a restarted chief finds them (its workers joined before)."""
@@ -69,9 +114,35 @@ class RunMatch:
     return tf.cond(tf.compat.v1.is_variable_initialized(self._joined),
                    lambda: tf.constant(True), clear)
 
+  def compare_before_session(self, run, timeout_secs):
+    """A non-chief, before its session opens: reads the chief's description in a
+    session of its own; raises errors.TrainingError naming what differs (having set
+    its flag to REFUSED, so that a sync chief stops too), or PeerGone if the chief has
+    published nothing within timeout_secs. The chief: nothing to do.
+
+    run: dist_train.py's WorkerRun.
+    """
+    if run.is_chief:
+      return
+    run.arm_watchdog(timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS,
+                     '%s: reading what the chief trains, on the ps tasks %s, hung' % (
+                         run.who, ','.join(run.ps_hosts)))
+    with tf.compat.v1.Session(run.server.target, config=run.config) as sess:
+      differences = self._differences(sess.run, run.who, run.chief_host, timeout_secs)
+      if differences:
+        sess.run(self._refuse_op)
+    run.arm_watchdog(None, '')
+    if differences:
+      more = len(differences) - SHOWN_DIFFERENCES
+      raise errors.TrainingError(
+          '%s does not train what the chief (worker 0 at %s) trains: %s%s. Start every '
+          'task from the same code and the same flags.' % (
+              run.who, run.chief_host, '; '.join(differences[:SHOWN_DIFFERENCES]),
+              ' (and %d more)' % more if more > 0 else ''))
+
   def before_first_step(self, run_fetch, run, mode, timeout_secs, should_stop):
-    """A worker checks that it trains the chief's model and joins; the sync chief
-    waits for the others to join (mode.wait_for_workers).
+    """A worker joins (compare_before_session passed); the sync chief waits for the
+    others to join (mode.wait_for_workers).
 
     run: dist_train.py's WorkerRun; mode: its AsyncUpdates or SyncUpdates.
     """
@@ -82,15 +153,11 @@ class RunMatch:
     if run.is_chief:
       mode.wait_for_workers(self, run_fetch, timeout_secs, should_stop)
     else:
-      self.join(run_fetch, run.who, run.chief_host, timeout_secs)
+      run_fetch(self._join_op)
 
-  def join(self, run_fetch, who, chief_host, timeout_secs):
-    """A non-chief, before its first step: compares, then sets its flag.
-
-    Raises errors.TrainingError naming what differs from the chief's run; PeerGone
-    if the chief has published nothing within timeout_secs.
-    run_fetch: a function that runs a fetch in this worker's session and returns it.
-    """
+  def _differences(self, run_fetch, who, chief_host, timeout_secs):
+    """What differs from the chief's description, in words, the graph last and only
+    when nothing else explains it; PeerGone if it is not published in time."""
     deadline = time.time() + timeout_secs
     while not run_fetch(self._published):
       if time.time() > deadline:
@@ -103,15 +170,11 @@ class RunMatch:
     differences = ['%s is %s here and %s on the chief' % (
                        name, self.described.get(name, 'unset'), chiefs.get(name, 'unset'))
                    for name in sorted(set(chiefs) | set(self.described))
-                   if chiefs.get(name) != self.described.get(name)]
-    if differences:
-      more = len(differences) - SHOWN_DIFFERENCES
-      raise errors.TrainingError(
-          '%s does not train what the chief (worker 0 at %s) trains: %s%s. Start every '
-          'task from the same code and the same flags.' % (
-              who, chief_host, '; '.join(differences[:SHOWN_DIFFERENCES]),
-              ' (and %d more)' % more if more > 0 else ''))
-    run_fetch(self._join_op)
+                   if chiefs.get(name) != self.described.get(name) and name != GRAPH]
+    if not differences and chiefs.get(GRAPH) != self.described.get(GRAPH):
+      differences.append('its training graph (tower 0: the model, its loss and gradients, '
+                         'devices aside) is not the chief\'s: the code differs')
+    return differences
 
   def wait_for_workers(self, run_fetch, who, timeout_secs, should_stop):
     """The sync chief: returns once every other worker has joined, or at once when
@@ -119,8 +182,14 @@ class RunMatch:
     deadline = time.time() + timeout_secs
     said = False
     while not should_stop():
-      missing = [i for i, joined in enumerate(run_fetch(self._joined))
-                 if not joined and i != self._task_index]
+      flags = run_fetch(self._joined)
+      refused = [i for i, joined in enumerate(flags) if joined == REFUSED]
+      if refused:
+        raise errors.TrainingError(
+            '%s: worker(s) %s refused to join: they do not train what this chief trains '
+            '(their own error line says what differs). Start every task from the same '
+            'code and the same flags.' % (who, ', '.join(map(str, refused))))
+      missing = [i for i, joined in enumerate(flags) if not joined and i != self._task_index]
       if not missing:
         return
       if time.time() > deadline:

@@ -5,6 +5,7 @@ not take, values out of range, --helpshort), the warning of a hand-started task,
 a worker that cannot start: no ps task to reach, or a batch too large for memory.
 Each process is bounded in time and killed when its test ends, pass or fail.
 """
+import hashlib
 import os
 import re
 import shutil
@@ -227,6 +228,68 @@ def test_worker_built_from_other_model_constants_refused_in_one_line_chief_unhar
   assert 'Traceback' not in other.text and 'training from global step' not in other.text
   assert chief.finish() == 0, chief.log()  # async: it trains alone, as it would anyway
   assert helpers.global_step(tmp_path / 'train') == 50
+
+
+def _other_worker(case, sample, tmp_path):
+  """(argv start, flags, what its error line says) of a worker 1 that differs from a chief
+  reading `sample`: in its flags, its data or its code."""
+  program = ['dist_train.py']
+  if case == 'synthetic':
+    return program, ['--synthetic'], '--synthetic is true here and false on the chief'
+  if case == 'fp16':
+    return program, sample.flags + ['--use_fp16'], ('--use_fp16 is true here and false on '
+                                                   'the chief')
+  if case == 'relabelled':  # a copy of the data whose first label is another class
+    copy = tmp_path / 'relabelled'
+    shutil.copytree(sample.dir, copy)
+    batch = copy / 'cifar-10-batches-bin' / 'data_batch_1.bin'
+    data = bytearray(batch.read_bytes())
+    data[0] = (data[0] + 1) % 10
+    batch.write_bytes(bytes(data))
+    return program, ['--data_dir=%s' % copy, '--data_md5=%s' % sample.md5], (
+        'md5 of data_batch_1.bin is "%s" here' % hashlib.md5(data).hexdigest())
+  # 'edited code': a checkout whose model uses sigmoid for relu, its constants unchanged
+  copy = tmp_path / 'other_checkout'
+  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
+  model = copy / 'cifar10' / 'model.py'
+  text, count = re.subn(r'\btf\.nn\.relu\b', 'tf.nn.sigmoid', model.read_text())
+  assert count, 'no relu in %s' % model
+  model.write_text(text)
+  return [sys.executable, '-u', str(copy / 'dist_train.py')], sample.flags, (
+      'its training graph (tower 0: the model, its loss and gradients, devices aside) is '
+      'not the chief\'s: the code differs')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case, mode', [('synthetic', 'sync'), ('fp16', 'sync'),
+                                        ('relabelled', 'sync'), ('edited code', 'sync'),
+                                        ('edited code', 'async')])
+def test_worker_training_something_else_refused_before_its_session_sync_job_ends(
+    case, mode, sample, tasks, tmp_path):
+  hosts = hand_started(2)
+  flags = [*hosts, '--batch_size=4', '--summary_steps=0', '--max_steps=20',
+           '--startup_timeout_secs=120'] + (['--sync_replicas'] if mode == 'sync' else [])
+  program, own_flags, expected = _other_worker(case, sample, tmp_path)
+  ps = tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
+  chief = tasks(['dist_train.py', '--job_name=worker', '--task_index=0', *flags,
+                 *sample.flags, '--train_dir=%s' % (tmp_path / 'train')])
+  other = tasks(program + ['--job_name=worker', '--task_index=1', *flags, *own_flags])
+  assert other.finish() == 1, other.log()
+  errors = [line for line in other.err_lines if line.startswith('error')]
+  assert len(errors) == 1 and expected in errors[0], other.log()
+  assert 'Traceback' not in other.text and 'training from global step' not in other.text
+  if mode == 'async':  # the chief trains alone, as it would anyway
+    assert chief.finish() == 0 and ps.finish() == 0, chief.log()
+    return
+  # Sync: the chief stops at once, naming it (it waited --startup_timeout_secs, before),
+  # and the ps task with it.
+  assert chief.finish() == 1, chief.log()
+  assert [line for line in chief.err_lines if line.startswith('error')] == [
+      'error: worker 0: worker(s) 1 refused to join: they do not train what this chief '
+      'trains (their own error line says what differs). Start every task from the same '
+      'code and the same flags.'], chief.log()
+  assert ps.finish(timeout=PS_ENDS_SECS) == 1, ps.log()
+  assert helpers.global_step(tmp_path / 'train') == 0  # no update
 
 
 @pytest.mark.slow
