@@ -240,7 +240,7 @@ def build(run, mode, settings, worker, data, epoch, examples_per_update, record)
       next_batch = input_data.worker_batches(data.input, settings.data_dir,
                                              settings.batch_size, settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    match = run_match.RunMatch(run.num_workers, run.task_index)
+    match = run_match.RunMatch(run.num_workers, run.task_index, global_step)
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
@@ -352,6 +352,9 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
     steps.print_loss_line(*unlogged)
   # The hooks may have stopped the loop on an update another worker waited for.
   step = run_fetch(graph.global_step)
+  if stop.requested:  # a job stopped whole stops together: the step the chief saves
+    said = graph.run_match.stop_together(run_fetch, run)
+    step = step if said is None else said
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
   if step >= max_steps:

@@ -220,28 +220,24 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
 
 
 def stop_workers(tasks, stop):
-  """Passes the stop signal on to the workers, the chief last, and waits for them.
-
-  The other workers stop first, after their step: in async mode a worker still
-  training after the chief's save would apply updates the rerun never sees. Then
-  the chief saves the step they left (sync: its own step, waiting for their
-  gradients, is handed a token), and the ps tasks, which serve until it has, go.
+  """Passes the stop signal on to every worker at once, as a cluster manager stops a job,
+  and waits for them: they stop together (distributed/run_match.py), the chief saving
+  the step the others left (sync: a step left waiting for their gradients is handed a
+  token); then the ps tasks, which serve until it has, go.
   """
-  print('local cluster: %s: stopping the workers, then worker 0, the chief, which saves '
-        'at the step they left; then the ps tasks' % stop.name, flush=True)
-  others = [p for name, p in tasks.items() if name.startswith('worker') and name != 'worker0']
-  for group in (others, [tasks['worker0']]):
-    running = [p for p in group if p.poll() is None]
-    for process in running:
-      process.send_signal(stop.signum)
-    deadline = time.time() + STOP_CHIEF_SECS
-    for process in running:
-      try:
-        process.wait(max(deadline - time.time(), 0.1))
-      except subprocess.TimeoutExpired:
-        print('local cluster: a worker has not stopped within %d s; stopping every task '
-              'without waiting for it' % STOP_CHIEF_SECS, flush=True)
-        return
+  print('local cluster: %s: stopping the workers; worker 0, the chief, saves the step '
+        'they leave; then the ps tasks' % stop.name, flush=True)
+  running = [p for name, p in tasks.items() if name.startswith('worker') and p.poll() is None]
+  for process in running:
+    process.send_signal(stop.signum)
+  deadline = time.time() + STOP_CHIEF_SECS
+  for process in running:
+    try:
+      process.wait(max(deadline - time.time(), 0.1))
+    except subprocess.TimeoutExpired:
+      print('local cluster: a worker has not stopped within %d s; stopping every task '
+            'without waiting for it' % STOP_CHIEF_SECS, flush=True)
+      return
 
 
 def exit_status(returncode):

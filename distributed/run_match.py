@@ -11,12 +11,18 @@ worker's initialisation touches them):
   one line naming the first difference. Before its session: that session waits for
   the chief to initialise every variable the worker has, and one the chief lacks
   (fp16's loss scale, for a worker alone with --use_fp16) kept both waiting.
-- `workers_joined`: one flag a worker, set to 1 once its session is open and its
-  comparison passed, to REFUSED when it refused. A sync chief waits for every flag
-  before its first step (an update averages the first gradients computed from its
-  variables, whichever workers send them, and a chief that started first took
-  every one of them itself until the others came), and stops in one line, exit 1,
-  when a worker refused.
+- `workers_joined`: one flag a worker, set to JOINED once its session is open and its
+  comparison passed, to REFUSED when it refused, to STOPPED after its last step on a
+  signal. A sync chief waits for every flag before its first step (an update averages
+  the first gradients computed from its variables, whichever workers send them, and a
+  chief that started first took every one of them itself until the others came), and
+  stops in one line, exit 1, when a worker refused.
+- `stopped_at`: a whole job stopped at once (every task signalled together: Slurm,
+  Kubernetes, a hand-started job) stops together (stop_together): the chief, after its
+  last step, waits for every joined worker's STOPPED, then writes the global step
+  here and saves that step as its session closes; each other worker reads it, and
+  its `Stopped ... at step N` names that step. Before, an async worker's update could
+  land after the chief's save, and the worker claimed a step that was never saved.
 """
 import hashlib
 import json
@@ -32,7 +38,10 @@ from training import errors, mixed_precision, run_record
 # its effect on the schedule is compared as decay_steps) nor the directories and waits.
 COMPARED_FLAGS = ('dataset', 'batch_size', 'max_steps', 'use_fp16', 'use_bf16', 'synthetic')
 GRAPH = 'training graph'     # the fingerprint's name in a description
-REFUSED = -1                 # a worker's flag in workers_joined once it refused
+JOINED, STOPPED, REFUSED = 1, 2, -1   # a worker's flag in workers_joined
+STOP_TOGETHER_SECS = 8       # stopping, the chief waits this long for the others' last
+                             # steps; they wait a little longer for its step (within
+                             # worker_sessions.STOPPED_WORKER_SECS, and the 30 s grace)
 POLL_SECS = 0.2
 SHOWN_DIFFERENCES = 3
 MD5_CHUNK_BYTES = 1 << 20
@@ -89,21 +98,26 @@ class RunMatch:
   once the graph is built; the chief's local_init_op runs publish_op.
   """
 
-  def __init__(self, num_workers, task_index):
+  def __init__(self, num_workers, task_index, global_step):
     self._num_workers, self._task_index = num_workers, task_index
     self._description = tf.compat.v1.Variable('', trainable=False, collections=[],
                                               name='run_description', dtype=tf.string)
     self._joined = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int32), trainable=False,
                                          collections=[], name='workers_joined')
     self._published = tf.identity(tf.compat.v1.is_variable_initialized(self._description))
-    self._join_op = tf.compat.v1.scatter_update(self._joined, [task_index], [1])
-    self._refuse_op = tf.compat.v1.scatter_update(self._joined, [task_index], [REFUSED])
+    self._stopped_at = tf.compat.v1.Variable(tf.constant(-1, tf.int64), trainable=False,
+                                             collections=[], name='stopped_at')
+    self._join_op, self._refuse_op, self._stop_op = [
+        tf.compat.v1.scatter_update(self._joined, [task_index], [flag])
+        for flag in (JOINED, REFUSED, STOPPED)]
+    self._say_stopped_at = self._stopped_at.assign(global_step)
     self.described, self.publish_op = None, None
 
   def publish(self, described):
     """Takes this worker's description (describe()); builds publish_op, the chief's."""
     self.described = _as_shown(described)
-    with tf.control_dependencies([self._keep_or_clear_joined(self._num_workers)]):
+    with tf.control_dependencies([self._keep_or_clear_joined(self._num_workers),
+                                  self._stopped_at.initializer]):  # not stopped, in this run
       self.publish_op = self._description.assign(json.dumps(described, sort_keys=True))
 
   def _keep_or_clear_joined(self, num_workers):
@@ -155,6 +169,40 @@ class RunMatch:
     else:
       run_fetch(self._join_op)
 
+  def stop_together(self, run_fetch, run, timeout_secs=STOP_TOGETHER_SECS):
+    """After the loop of a worker stopped by a signal, its session still open: the step
+    the chief saves, or None if the chief has not said it in time (a worker stopped
+    alone: its line then names its own last step).
+
+    The chief waits up to timeout_secs for every other joined worker's last step, then
+    says the global step, which its session's close saves. Another worker says it has
+    stopped, then waits a little longer for that step.
+    """
+    if not run.is_chief:
+      run_fetch(self._stop_op)
+      deadline = time.time() + timeout_secs + 2
+      while time.time() < deadline:
+        step = run_fetch(self._stopped_at)
+        if step >= 0:
+          return int(step)
+        time.sleep(POLL_SECS)
+      print('%s: the chief has not said within %d s which step it saves; the step below '
+            'is this worker\'s last' % (run.who, timeout_secs + 2), flush=True)
+      return None
+    deadline = time.time() + timeout_secs
+    while True:
+      stepping = [i for i, flag in enumerate(run_fetch(self._joined))
+                  if flag == JOINED and i != self._task_index]
+      if not stepping:
+        break
+      if time.time() > deadline:
+        print('%s: worker(s) %s still training %d s after the stop; saving without '
+              'waiting for them (their later updates are not in this save)' % (
+                  run.who, ', '.join(map(str, stepping)), timeout_secs), flush=True)
+        break
+      time.sleep(POLL_SECS)
+    return int(run_fetch(self._say_stopped_at))
+
   def _differences(self, run_fetch, who, chief_host, timeout_secs):
     """What differs from the chief's description, in words, the graph last and only
     when nothing else explains it; PeerGone if it is not published in time."""
@@ -189,7 +237,8 @@ class RunMatch:
             '%s: worker(s) %s refused to join: they do not train what this chief trains '
             '(their own error line says what differs). Start every task from the same '
             'code and the same flags.' % (who, ', '.join(map(str, refused))))
-      missing = [i for i, joined in enumerate(flags) if not joined and i != self._task_index]
+      missing = [i for i, joined in enumerate(flags)  # STOPPED: in an earlier session
+                 if joined != JOINED and i != self._task_index]
       if not missing:
         return
       if time.time() > deadline:

@@ -9,6 +9,7 @@ exits 143 within the 30 s grace period, none 0 or 1, none with a traceback; the 
 command started again resumes from step N and trains to --max_steps.
 """
 import os
+import random
 import re
 import signal
 import time
@@ -98,6 +99,39 @@ def test_every_pod_sigterm_mid_training_chief_saves_all_exit_143_rerun_resumes(
   assert [task.finish() for task in rerun] == [0] * len(rerun), [t.log() for t in rerun]
   assert matches(RESUMING_LINE, rerun[num_ps].lines)[0].groups() == (str(step), str(step))
   assert helpers.global_step(tmp_path) == MAX_STEPS
+
+
+STOPS = 4  # whole-job stops at random moments, per mode; each run resumes the last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['async', 'sync'])
+def test_every_pod_sigterm_at_random_moments_no_step_applied_or_claimed_past_the_save(
+    tasks, tmp_path, mode):
+  # Async, worker 1 once applied one more update after the chief's save and said
+  # `Stopped by SIGTERM at step 10` where the chief saved 9; the rerun resumed from 9.
+  rng = random.Random(4600 + len(mode))  # the moments repeat from run to run
+  flags = (['--sync_replicas'] if mode == 'sync' else []) + ['--max_steps=100000']
+  saved = 0
+  for _ in range(STOPS):
+    job = [tasks(argv) for argv in pod_commands(tmp_path, 1, *flags)]
+    job[1].wait_for(lambda line: line.startswith('worker 0: training from global step'),
+                    'the chief training')
+    time.sleep(rng.uniform(0, 1.5))  # mid-step, mid-save or in between
+    sigterm_all([task.pid for task in job])
+    assert [task.finish(timeout=GRACE_SECS) for task in job] == [143] * 3, [
+        task.log() for task in job]
+    last = saved
+    saved = helpers.global_step(tmp_path)
+    for worker in job[1:]:  # each names the saved step, and trained none past it
+      assert [m.groups() for m in matches(STOPPED_LINE, worker.lines)] == [
+          ('SIGTERM', str(saved))], worker.log()
+      trained = helpers.steps(helpers.WORKER_LOSS_LINE, worker.lines)
+      assert not trained or max(trained) <= saved, (trained, saved, worker.log())
+      assert_quiet(worker.text), worker.log()
+    assert saved >= last
+    if last:  # the run before resumed where its predecessor saved
+      assert matches(RESUMING_LINE, job[1].lines)[0].groups() == (str(last), str(last))
 
 
 @pytest.mark.slow
