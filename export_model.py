@@ -32,7 +32,8 @@ import sys
 from training import machine, prelude
 
 if __name__ == '__main__':  # a program, not a module imported by another (tests)
-  prelude.start(sys.argv)  # first: Python 3.11+, --onednn, TensorFlow imported quietly
+  prelude.start(sys.argv, hold_signals=True)  # first: Python 3.11+, --onednn, a signal
+                                              # held till main(), TensorFlow imported quietly
 
 import collections
 import json
@@ -328,7 +329,8 @@ def write(sess, signature, export_dir, replaced, class_names, checkpoint, record
     with signals.held():  # a signal waits until staging is named, for finally to remove
       staging = _make_staging(parent, os.path.basename(export_dir))
     staged = os.path.join(staging, 'model')
-    _write_staged(sess, signature, staged, class_names, record)
+    with signals.held():  # TensorFlow's builder, whose scopes a raise would unbalance
+      _write_staged(sess, signature, staged, class_names, record)
     with signals.held():  # the swap and the removal of the old export, never cut in two
       _put_in_place(staged, export_dir, replaced, staging)
       done = True
@@ -475,28 +477,32 @@ def export(train_dir, export_dir, dataset, overwrite=False):
 def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
   """export()'s work on one checkpoint (found: {name: shape} of what it holds); False
   when it was rotated away before it could be restored (checkpoints.rotated_away)."""
-  with tf.Graph().as_default():
-    signature = build(data)
-    to_restore = variables_to_restore(data.model)
-    check_holds_network(path, data, to_restore, found)
-    saver = tf.compat.v1.train.Saver(to_restore)
-    with tf.compat.v1.Session() as sess:
+  with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    with signals.held():  # a signal raised inside TensorFlow's scopes would unbalance them
+      signature = build(data)
+      to_restore = variables_to_restore(data.model)
+      check_holds_network(path, data, to_restore, found)
+      saver = tf.compat.v1.train.Saver(to_restore)
       try:
         saver.restore(sess, path)
       except (tf.errors.OpError, ValueError) as e:
         if checkpoints.rotated_away(path, went_away):
           return False
         raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
-      write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
-            {'written_by': 'export_model.py', 'dataset': data.model.__name__,
-             'checkpoint': os.path.abspath(path), 'global_step': step})
+    write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
+          {'written_by': 'export_model.py', 'dataset': data.model.__name__,
+           'checkpoint': os.path.abspath(path), 'global_step': step})
   return True
 
 
 def main(argv):
   with errors.one_line_errors():
     errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
+  try:
+    signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
+  except signals.Interrupted as e:  # heard while TensorFlow loaded
+    print('Stopped by %s before anything was written.' % e.name, file=sys.stderr, flush=True)
+    sys.exit(e.exit_code)
   data = DATASETS[FLAGS.dataset]
   for name in ('train_dir', 'export_dir'):
     if FLAGS[name].value == '':  # not the default: the user meant a directory
@@ -508,18 +514,27 @@ def main(argv):
   tf.compat.v1.disable_eager_execution()
   # ERROR: the v1 builder warns that it is v1 at every signature; writing v1 is the point.
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+  written = False
   try:
     path, step = export(train_dir, export_dir, FLAGS.dataset, FLAGS.overwrite)
+    written = True
+    with signals.held():  # the lines that say so are never cut, nor denied after
+      say_written(export_dir, path, step, data)
+    signals.ignore()  # done: a signal while Python exits changes nothing
   except ExportError as e:
     sys.exit('error: %s' % e)
   except signals.Interrupted as e:  # write() has removed what it wrote
-    if e.finished:
+    if written or e.finished:
       print('Stopped by %s once %s was written whole.' % (e.name, export_dir),
             file=sys.stderr, flush=True)
     else:
       print('Stopped by %s; the partial export is removed: %s is as it was.'
             % (e.name, export_dir), file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
+
+
+def say_written(export_dir, path, step, data):
+  """The lines after a whole export: what it is, its signature, how to use it."""
   shape = ', '.join(['N'] + [str(size) for size in data.image_shape])
   print('Wrote %s: a SavedModel of %s, moving averages (global step %d).'
         % (export_dir, path, step))

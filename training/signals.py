@@ -199,7 +199,10 @@ def raise_on_signals():
   """Ctrl-C and SIGTERM raise Interrupted where the main thread is, once.
 
   For a program that has no step loop to finish: its finally blocks remove what it was
-  writing. Without this, SIGTERM kills it where it stands and nothing is removed.
+  writing. Without this, SIGTERM kills it where it stands and nothing is removed. A
+  signal hold_until_ready() heard before is raised at once. Code that a raise must not
+  cut (TensorFlow's graph building, whose scopes a KeyboardInterrupt leaves unbalanced)
+  runs inside held().
   """
   def handle(signum, frame):
     del frame
@@ -212,6 +215,15 @@ def raise_on_signals():
     raise Interrupted(signum)
   for signum in SIGNAL_EXIT_CODES:
     signal.signal(signum, handle)
+  if _early:  # heard while TensorFlow loaded (hold_until_ready): raised now
+    signal.raise_signal(_early.pop())
+
+
+def ignore():
+  """Ctrl-C and SIGTERM change nothing from here on: a program whose work is done and
+  said, exiting (one would raise inside Python's exit functions, a traceback)."""
+  for signum in SIGNAL_EXIT_CODES:
+    signal.signal(signum, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
