@@ -249,34 +249,45 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   archive = os.path.join(data_dir, name)
   if os.path.isdir(data_dir):
     _remove_killed_downloads(data_dir, name)
-  verified = True  # the archive's md5 checked on the way: fetched, or extracted again
   if os.path.isdir(dest):
-    try:
-      check_data_files(paths, per_file)
-      verified = False
-    except DataError as e:
-      found = os.path.isfile(archive) and input_data.md5_of(archive)
-      if not found:
-        raise
-      what = str(e).split('. ')[0] + '.'
-      if found != data_md5:  # another copy: a sample's, or the user's own
-        raise DataError(
-            '%s The archive beside it, %s, has md5 %s, not %s: to use this copy, pass '
-            '--data_md5=%s; for the expected archive instead, remove %s and %s.'
-            % (what, archive, found, data_md5, found, archive, dest)) from None
-      print('%s Extracting it again from the verified archive %s.' % (what, archive))
-      _extract(archive, data_dir, per_file)
+    verified = _check_or_extract_again(paths, per_file, archive, data_md5, data_dir)
   else:
     _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None,
            deadlines or input_data.Deadlines())
     _extract(archive, data_dir, per_file)
     print('Extracted %s' % dest)
+    verified = True
   if not official:
     md5 = data_md5 if verified else _own_md5(archive, data_md5, dest)
     print('CIFAR-10 copy with md5 %s in %s: %s' % (md5, dest, ', '.join(
         '%s %d records' % (os.path.basename(p), os.path.getsize(p) // RECORD_BYTES)
         for p in paths)))
   return dest
+
+
+def _check_or_extract_again(paths, per_file, archive, data_md5, data_dir):
+  """Checks the extracted files at paths; a missing or damaged one is extracted again
+  when the archive beside them has md5 data_md5 (saying so), else DataError.
+
+  Returns:
+    bool, whether the archive's md5 was checked on the way (it was extracted again).
+  """
+  try:
+    check_data_files(paths, per_file)
+    return False
+  except DataError as e:
+    found = os.path.isfile(archive) and input_data.md5_of(archive)
+    if not found:
+      raise
+    what = str(e).split('. ')[0] + '.'
+    if found != data_md5:  # another copy: a sample's, or the user's own
+      raise DataError(
+          '%s The archive beside it, %s, has md5 %s, not %s: to use this copy, pass '
+          '--data_md5=%s; for the expected archive instead, remove %s and %s.'
+          % (what, archive, found, data_md5, found, archive, batches_dir(data_dir))) from None
+    print('%s Extracting it again from the verified archive %s.' % (what, archive))
+    _extract(archive, data_dir, per_file)
+    return True
 
 
 def _own_md5(archive, data_md5, dest):

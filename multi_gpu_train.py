@@ -11,7 +11,7 @@ virtual CPU devices instead (start-up says so).
 
 Expect, as in the original tutorial: precision @ 1 of about 0.86 on the test set
 (cifar10_eval.py) after 100K steps on one GPU at batch 128; loss starts near 4.68.
-Speed, and how it compares: README "Performance" (python -m benchmarks).
+Speed, and how it compares: docs/performance.md (python -m benchmarks).
 Rerunning resumes from the latest checkpoint in --train_dir; --fresh starts over.
 --seed=N makes a run repeat exactly. Ctrl-C or SIGTERM saves at the current step.
 """

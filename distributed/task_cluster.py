@@ -7,7 +7,8 @@ import sys
 from absl import flags
 import tensorflow as tf
 
-from distributed import cluster_env, local_cluster
+from distributed import (cluster_env, cluster_jobset, cluster_slurm, cluster_tf_config,
+                         local_cluster)
 from training import errors
 
 SLURM_FLAGS = ['num_ps', 'slurm_port_base']  # mean something with --cluster=slurm only
@@ -30,8 +31,8 @@ def define_flags():
                     'else TF_CONFIG when set.')
   flags.DEFINE_integer('num_ps', 1, '--cluster=slurm: the first this many tasks of the srun '
                        'step are ps tasks, the rest workers.')
-  flags.DEFINE_integer('slurm_port_base', cluster_env.SLURM_PORT_BASE, '--cluster=slurm: each '
-                       'task listens on this port + its index among its node\'s tasks.')
+  flags.DEFINE_integer('slurm_port_base', cluster_slurm.SLURM_PORT_BASE, '--cluster=slurm: '
+                       'each task listens on this port + its index among its node\'s tasks.')
 
 
 def check_flags(flag_values):
@@ -64,14 +65,14 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
     return refuse_too_many_replicas(flag_values, cluster_of_host_flags(flag_values))
   try:
     if source == 'slurm':
-      cluster = slurm_cluster or cluster_env.from_slurm(flag_values.num_ps,
-                                                        flag_values.slurm_port_base)
+      cluster = slurm_cluster or cluster_slurm.from_slurm(flag_values.num_ps,
+                                                          flag_values.slurm_port_base)
       if isinstance(cluster, errors.ClusterError):
         raise cluster
     elif source == 'jobset':
-      cluster = cluster_env.from_jobset()
+      cluster = cluster_jobset.from_jobset()
     else:
-      cluster = cluster_env.from_tf_config()
+      cluster = cluster_tf_config.from_tf_config()
       if cluster is None:
         raise errors.ClusterError(
             'TF_CONFIG is not set, and --cluster=tf_config reads the cluster from it; set '
@@ -144,7 +145,7 @@ def slurm_cluster_first(argv, flag_values):
   try:
     if flag_values.cluster != 'slurm':
       return None
-    return cluster_env.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
+    return cluster_slurm.from_slurm(flag_values.num_ps, flag_values.slurm_port_base)
   except errors.ClusterError as e:
     return e
   finally:

@@ -1,5 +1,5 @@
 """deploy/: the manifests and the Slurm script name only flags the programs take, and
-the JobSet manifest gives each pod the variables cluster_env.from_jobset reads.
+the JobSet manifest gives each pod the variables cluster_jobset.from_jobset reads.
 
 PyYAML is not a dependency: small readers take what is checked from the manifests,
 which are written as plain block YAML for that reason (replica_specs: each TFJob
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from distributed import cluster_env
+from distributed import cluster_jobset
 import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -292,7 +292,7 @@ def test_jobset_manifest_every_pods_environment_gives_from_jobset_its_own_task()
     job = rjob['template']['spec']
     port = job['template']['spec']['containers'][0]['ports'][0]['containerPort']
     for index in range(job['completions']):
-      cluster = cluster_env.from_jobset(pod_environment(jobset, rjob, 0, index))
+      cluster = cluster_jobset.from_jobset(pod_environment(jobset, rjob, 0, index))
       clusters.append(cluster)
       tasks.append((cluster.job_name, cluster.task_index))
       # JobSet's DNS name for it: <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>

@@ -117,29 +117,44 @@ def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint
   except OSError as e:
     raise DataError('cannot write into --data_dir %s: %s. Point --data_dir at a directory '
                     'you can write to.' % (directory, e.strerror)) from None
-  wait = min(deadlines.stall_secs, deadlines.total_secs)
   try:
     with os.fdopen(fd, 'wb') as out:
       received, digest, length = _stream(url, out, name, expected_bytes, limit, deadlines,
                                          mismatch_hint)
-    if length is not None and received != length:
-      raise DataError('download of %s stopped after %d of %d bytes; run again to '
-                      'retry.' % (url, received, length))
-    if expected_bytes and received != expected_bytes:
-      raise DataError('%s gave %d bytes; the official file has %d. Check --data_url. %s'
-                      % (url, received, expected_bytes, mismatch_hint))
-    if digest != md5:
-      raise DataError('%s has md5 %s; expected %s. The copy is damaged or different: '
-                      'check --data_url. %s' % (url, digest, md5, mismatch_hint))
+    _check_received(url, received, length, expected_bytes, digest, md5, mismatch_hint)
     os.replace(tmp_path, path)
-  except socket.timeout:  # before urllib's URLError: it may wrap one too
+  except BaseException as e:
     os.remove(tmp_path)
+    _raise_failure(e, url, path, min(deadlines.stall_secs, deadlines.total_secs),
+                   offline_hint)
+  print('Downloaded %s, %d bytes, md5 %s' % (path, received, md5))
+
+
+def _check_received(url, received, length, expected_bytes, digest, md5, mismatch_hint):
+  """Raises DataError unless the download is whole: the bytes the server announced
+  (length) and the official size (expected_bytes), when known, and the md5."""
+  if length is not None and received != length:
+    raise DataError('download of %s stopped after %d of %d bytes; run again to '
+                    'retry.' % (url, received, length))
+  if expected_bytes and received != expected_bytes:
+    raise DataError('%s gave %d bytes; the official file has %d. Check --data_url. %s'
+                    % (url, received, expected_bytes, mismatch_hint))
+  if digest != md5:
+    raise DataError('%s has md5 %s; expected %s. The copy is damaged or different: '
+                    'check --data_url. %s' % (url, digest, md5, mismatch_hint))
+
+
+def _raise_failure(e, url, path, wait, offline_hint):
+  """Raises what a failed download of url says, its temporary file already removed: a
+  DataError for the network (no byte for `wait` s, no answer, an error), e itself for
+  anything else (a DataError of the checks, Ctrl-C or SIGTERM, naming the download)."""
+  name, directory = os.path.basename(path), os.path.dirname(path)
+  if isinstance(e, socket.timeout):  # before urllib's URLError: it may wrap one too
     raise DataError('download of %s stalled: no byte came for %d s (--download_stall_secs); '
                     'the partial file is removed. Run again to retry, raise '
                     '--download_stall_secs on a slow link, or point --data_url at another '
                     'copy.' % (url, wait)) from None
-  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    os.remove(tmp_path)
+  if isinstance(e, (urllib.error.URLError, OSError, http.client.HTTPException)):
     if isinstance(getattr(e, 'reason', None), socket.timeout):
       raise DataError('cannot download %s: no answer within %d s (--download_stall_secs). '
                       'Check the network, point --data_url at another copy, or put %s in '
@@ -147,14 +162,9 @@ def download(url, path, md5, expected_bytes=None, offline_hint='', mismatch_hint
     raise DataError('cannot download %s: %s. Check the network, point --data_url at '
                     'another copy, or put %s in %s yourself. %s'
                     % (url, getattr(e, 'reason', e), name, directory, offline_hint)) from e
-  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as signals.Interrupted
-    os.remove(tmp_path)
+  if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM as signals.Interrupted
     e.during = 'the download of %s; the partial file is removed' % url
-    raise
-  except BaseException:
-    os.remove(tmp_path)
-    raise
-  print('Downloaded %s, %d bytes, md5 %s' % (path, received, md5))
+  raise e
 
 
 def _stream(url, out, name, expected_bytes, limit, deadlines, mismatch_hint):
