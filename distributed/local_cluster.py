@@ -160,9 +160,9 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   Returns 0 once every task has exited 0: the workers, then the ps tasks, which
   end by themselves when every worker has reported that it finished. Returns 1 as
   soon as any task fails, or when some tasks are still running END_SECS after the
-  others (the workers, or the ps tasks) have all ended. On a stop signal the other
-  workers stop, then the chief, saving the step they left (stop_workers), then the
-  ps tasks; returns stop.exit_code. Every task still running is then stopped.
+  others (the workers, or the ps tasks) have all ended. On a stop signal the workers
+  stop together, the chief saving the step they left (stop_workers), then the ps
+  tasks; returns stop.exit_code. Every task still running is then stopped.
   """
   ports = free_ports(num_ps + num_workers)
   ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
@@ -171,23 +171,8 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         flush=True)
   relay = Relay()
   tasks = {}  # 'ps0' -> Popen, in start order
-  # One process group of their own: a Ctrl-C in the terminal reaches this launcher
-  # alone, which stops the tasks in order. They die with it (die_with); the variable
-  # marks them as its tasks.
-  env = dict(os.environ, **{DIE_WITH_LAUNCHER_ENV: str(os.getpid())})
   try:
-    for job_name, hosts in (('ps', ps_hosts), ('worker', worker_hosts)):
-      for i in range(len(hosts)):
-        name = '%s%d' % (job_name, i)
-        tasks[name] = subprocess.Popen(
-            task_command(job_name, i, ps_hosts, worker_hosts, extra_flags), env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0,
-            preexec_fn=die_with(os.getpid()))
-        relay.start(name, tasks[name].stdout)
-    # Silent otherwise until the first task's first line: each loads TensorFlow first.
-    print('local cluster: started %d tasks; each loads TensorFlow (about 3 s of CPU) '
-          'before its first line' % len(tasks), flush=True)
+    start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags)
     one_side_ended = None  # when every worker, or every ps task, had ended
     while not stop.requested:
       ended = {name: p.returncode for name, p in tasks.items() if p.poll() is not None}
@@ -217,6 +202,32 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   finally:
     stop_tasks(tasks.values())
     relay.join()
+
+
+def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
+  """Starts every task, the ps tasks first, into tasks ({'ps0': Popen}), each relayed.
+
+  Fresh interpreters, each loading TensorFlow (about 3 s of CPU), as a user's tasks on
+  real machines: forked from this launcher, which has loaded it, each would start in
+  0.1 s, but `ps` would show this launcher's command line for all of them, and each
+  would inherit its parsed flags and handlers (docs/distributed.md, --local_cluster).
+  One process group of their own: a Ctrl-C in the terminal reaches this launcher
+  alone, which stops the tasks in order. They die with it (die_with); the variable
+  marks them as its tasks.
+  """
+  env = dict(os.environ, **{DIE_WITH_LAUNCHER_ENV: str(os.getpid())})
+  for job_name, hosts in (('ps', ps_hosts), ('worker', worker_hosts)):
+    for i in range(len(hosts)):
+      name = '%s%d' % (job_name, i)
+      tasks[name] = subprocess.Popen(
+          task_command(job_name, i, ps_hosts, worker_hosts, extra_flags), env=env,
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+          text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0,
+          preexec_fn=die_with(os.getpid()))
+      relay.start(name, tasks[name].stdout)
+  # Silent otherwise until the first task's first line.
+  print('local cluster: started %d tasks; each loads TensorFlow (about 3 s of CPU) '
+        'before its first line' % len(tasks), flush=True)
 
 
 def stop_workers(tasks, stop):

@@ -6,6 +6,7 @@ through `tasks` is killed when the test ends, pass or fail.
 """
 import collections
 import os
+import shutil
 import signal
 import sys
 
@@ -100,6 +101,13 @@ _controller = []  # the pytest config of the process that writes the terminal
 WAITING_FIRST = 'test_slurm.py'
 
 
+def pytest_xdist_auto_num_workers(config):
+  """One test process per core, and one more where Slurm is installed: the one that
+  runs the Slurm tests mostly waits, on Slurm's clock."""
+  del config
+  return (os.cpu_count() or 1) + bool(shutil.which('slurmctld') and shutil.which('sbatch'))
+
+
 def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: item.path.name != WAITING_FIRST)  # stable: else as collected
 
@@ -130,9 +138,10 @@ def pytest_terminal_summary(terminalreporter):
   if sum(_starts.values()):
     terminalreporter.write_line(
         'programs started: %d forked from an imported TensorFlow, %d fresh interpreters, '
-        '%d fork servers (tests/helpers/forkserver.py); and by --local_cluster launchers, '
-        'fresh, up to %d tasks' % (_starts['forked runs'], _starts['fresh interpreters'],
-                                   _starts['fork servers'], _starts['local cluster tasks']))
+        '%d fork servers (tests/helpers/forkserver.py); %d of them --local_cluster '
+        'launchers, whose tasks start fresh' % (
+            _starts['forked runs'], _starts['fresh interpreters'], _starts['fork servers'],
+            _starts['launchers']))
 
 
 def pytest_runtest_logreport(report):

@@ -48,7 +48,9 @@ PRELOAD = ('tensorflow', 'numpy', 'absl.app', 'absl.flags')  # what every progra
 # Variables read while Python and TensorFlow load: a run whose values differ from a
 # server's is not forked from it.
 IMPORT_TIME = re.compile(r'(TF_|ONEDNN_|DNNL_|CUDA_|OMP_|KMP_|MKL_|PYTHON|LD_|GRPC_)')
-NOT_IMPORT_TIME = {'TF_CONFIG', 'PYTHONUNBUFFERED'}  # read by the program as it runs
+# Read by the program as it runs; CUDA_VISIBLE_DEVICES by the CUDA driver when TensorFlow
+# first lists its devices (cuInit), which the server never does.
+NOT_IMPORT_TIME = {'TF_CONFIG', 'PYTHONUNBUFFERED', 'CUDA_VISIBLE_DEVICES'}
 REQUEST_BYTES = 1 << 20      # one request's JSON: argv, environment, cwd
 SERVER_ENV = {'OPENBLAS_NUM_THREADS': '1'}  # numpy's OpenBLAS would start a thread
 
