@@ -334,6 +334,8 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
       break  # async: the other workers have claimed the last updates (see run_step)
     duration = time.time() - start_time
     loss_value, outcome = results
+    if stop.requested and mode.handed_own_token(step, outcome):  # sync: in no update
+      break
     local_step += 1
     shown = mode.shown_step(step, outcome)
     steps.check_loss(loss_value, shown, model_name, lambda: chief.untouched(run, graph),

@@ -210,7 +210,7 @@ def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
   Fresh interpreters, each loading TensorFlow (about 3 s of CPU), as a user's tasks on
   real machines: forked from this launcher, which has loaded it, each would start in
   0.1 s, but `ps` would show this launcher's command line for all of them, and each
-  would inherit its parsed flags and handlers (docs/distributed.md, --local_cluster).
+  would inherit its parsed flags and handlers.
   One process group of their own: a Ctrl-C in the terminal reaches this launcher
   alone, which stops the tasks in order. They die with it (die_with); the variable
   marks them as its tasks.

@@ -11,6 +11,7 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
     mode.applied(outcome)            # fp16: says the skips; False: this step's was skipped
     mode.release_workers(sess)       # at the end: the sync chief hands out the last tokens
     mode.release_stopping_step()     # stopping: sync's token for a step left waiting
+    mode.handed_own_token(step, outcome)  # ... and whether a step returned on it
     mode.mode_line(...), mode.stuck_step_message(secs), mode.slow_step_message(secs),
     mode.ended_early_message(step, max_steps), mode.fp16_line(),
     mode.gradients_per_update, mode.update_name  # what start-up and the faults say
@@ -211,6 +212,10 @@ class AsyncUpdates:
       return False
     return True
 
+  def handed_own_token(self, step, outcome):
+    del step, outcome
+    return False  # an async step waits for no token
+
   def release_workers(self, sess):
     del sess  # every worker stops on its own claim past max_steps
 
@@ -298,6 +303,13 @@ class SyncUpdates:
     for note in zip(*outcome.skip_check):  # (step, scale, new scale)
       steps.check_skip(*note)
     return True
+
+  def handed_own_token(self, step, outcome):
+    """Asked once stopping: whether this step returned on the token a stopping worker
+    hands itself (worker_sessions.watch_stopping_step), one of the current step, older
+    than the update its gradient was for, step + 1, which never came: not a step to
+    show. (The chief's tokens at the start are of the current step too.)"""
+    return outcome.step_after < step + 1
 
   def release_workers(self, sess):
     """The chief, at max_steps: one token per worker, so that none waits on. Only at the

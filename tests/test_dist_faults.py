@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import helpers
 from helpers import (DONE_LINE, QUICK_FLAGS, RESUMING_LINE, SAVED_LINE, STEADY_FLAGS,
-                     WORKER_LOSS_LINE, matches, run_local_cluster)
+                     WORKER_LOSS_LINE, matches, run_job)
 from distributed import cluster_env, local_cluster, ps_task
 import multi_gpu_train
 from training import checkpoints
@@ -356,7 +356,7 @@ def test_chief_copied_dir_rotation_never_deletes_the_original(tasks, tmp_path):
   assert steps[-3:] == [1, 2, 3]
   _state_file(run2, *[os.path.join(run1, 'model.ckpt-%d' % s) for s in steps])
   originals = sorted(os.listdir(run1))
-  logs = run_local_cluster(tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
+  logs = run_job(tasks, 1, 1, run2, '--synthetic', '--summary_steps=0',
                            '--max_steps=12', '--save_every_n_steps=1')
   assert sorted(os.listdir(run1)) == originals  # 12 saves rotated in run2 alone
   assert matches(RESUMING_LINE, logs['worker0'])[0].group(2) == '3'
@@ -369,7 +369,7 @@ def test_chief_without_state_file_resumes_from_newest_checkpoint_not_step_0(task
   train_dir = str(tmp_path)
   train_in_process(train_dir, max_steps=4, save_every_n_steps=2)
   os.remove(os.path.join(train_dir, 'checkpoint'))
-  logs = run_local_cluster(tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
+  logs = run_job(tasks, 1, 1, train_dir, '--synthetic', '--summary_steps=0',
                            '--max_steps=6', '--save_every_n_steps=2')
   assert matches(RESUMING_LINE, logs['worker0'])[0].groups() == ('4', '4')
   assert 'worker 0: training from global step 4' in logs['worker0']

@@ -28,7 +28,7 @@ import tensorflow as tf
 import helpers
 from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, STEADY_FLAGS,
                      TASK_PREFIX, WORKER_LOSS_LINE, local_cluster_task, matches,
-                     run_local_cluster)
+                     run_job)
 import data_sets
 import dist_train
 from distributed import chief, local_cluster, ps_placement
@@ -297,7 +297,7 @@ def mnist_checkpoint(data_dir, scratch_dir, max_steps, use_fp16):
 def fp16_async_run(module_tasks, mnist_sample, tmp_path_factory):
   """1 ps + 2 async workers in fp16, from step 0 to FP16_STEPS."""
   train_dir = str(tmp_path_factory.mktemp('fp16_async'))
-  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16',
+  logs = run_job(module_tasks, 1, 2, train_dir, '--use_fp16',
                            '--max_steps=%d' % FP16_STEPS, *mnist_flags(mnist_sample))
   return train_dir, logs
 
@@ -310,7 +310,7 @@ def float32_after_fp16_run(module_tasks, mnist_sample, tmp_path_factory):
   assert LOSS_SCALE_VARIABLES <= set(helpers.checkpoint(fp16))  # what the run must ignore
   train_dir = str(root / 'train')
   helpers.copy_checkpoint(fp16, train_dir)
-  logs = run_local_cluster(module_tasks, 1, 1, train_dir, '--max_steps=%d' % (FP16_STEPS + 2),
+  logs = run_job(module_tasks, 1, 1, train_dir, '--max_steps=%d' % (FP16_STEPS + 2),
                            *mnist_flags(mnist_sample))
   return train_dir, logs
 
@@ -322,7 +322,7 @@ def fp16_sync_after_float32_run(module_tasks, mnist_sample, tmp_path_factory):
   float32 = mnist_checkpoint(mnist_sample, root / 'float32', FP16_STEPS + 2, use_fp16=False)
   train_dir = str(root / 'train')
   helpers.copy_checkpoint(float32, train_dir)
-  logs = run_local_cluster(module_tasks, 1, 2, train_dir, '--use_fp16', '--sync_replicas',
+  logs = run_job(module_tasks, 1, 2, train_dir, '--use_fp16', '--sync_replicas',
                            '--max_steps=%d' % (FP16_STEPS + 12), *mnist_flags(mnist_sample))
   return train_dir, logs
 
@@ -399,8 +399,8 @@ BF16_UNITS = helpers.bfloat16_units()
 
 @pytest.mark.slow
 @pytest.mark.skipif(not BF16_UNITS.ok, reason='--use_bf16 is refused here: %s' % BF16_UNITS.what)
-def test_local_cluster_bf16_worker_says_bfloat16_towers_checkpoint_float32(tasks, tmp_path):
-  logs = run_local_cluster(tasks, 1, 1, tmp_path, '--use_bf16', '--max_steps=5',
+def test_bf16_worker_says_bfloat16_towers_checkpoint_float32(tasks, tmp_path):
+  logs = run_job(tasks, 1, 1, tmp_path, '--use_bf16', '--max_steps=5',
                            '--summary_steps=0', *STEADY_FLAGS)
   assert re.search(r'^bfloat16 towers on .+, float32 variables; LRN, softmax and loss in '
                    r'float32; no loss scale$', '\n'.join(logs['worker0']), re.M), logs

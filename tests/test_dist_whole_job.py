@@ -19,7 +19,6 @@ import tensorflow as tf
 
 import helpers
 from helpers import RESUMING_LINE, SAVED_LINE, STOPPED_LINE, matches
-from distributed import local_cluster
 
 MAX_STEPS = 100
 GRACE_SECS = 30   # Slurm's KillWait and Kubernetes' terminationGracePeriodSeconds
@@ -32,15 +31,10 @@ JOB_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=2000', '--log_frequ
 
 
 def pod_commands(train_dir, num_ps, *flags):
-  """The argv of each task of a hand-started job (a Kubernetes job's pods): ps first."""
-  ports = local_cluster.free_ports(num_ps + 2)
-  ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
-  worker_hosts = ['127.0.0.1:%d' % p for p in ports[num_ps:]]
-  task_flags = JOB_FLAGS + ['--train_dir=%s' % train_dir] + list(flags)
-  return ([local_cluster.task_command('ps', i, ps_hosts, worker_hosts, task_flags)
-           for i in range(num_ps)] +
-          [local_cluster.task_command('worker', i, ps_hosts, worker_hosts, task_flags)
-           for i in range(2)])
+  """The argv of each task of a hand-started job of 2 workers (a Kubernetes job's pods):
+  ps first."""
+  return list(helpers.job_commands(num_ps, 2, JOB_FLAGS + ['--train_dir=%s' % train_dir]
+                                   + list(flags)).values())
 
 
 def sigterm_all(pids):

@@ -23,8 +23,8 @@ from helpers.lines import (DONE_LINE, LOSS_LINE, PRECISION_LINE, RESUMING_LINE, 
 from helpers.files import (Sample, checkpoint, copy_checkpoint, event_files, global_step,
                            modes, scalar_steps_per_file, scalars, scalars_per_file,
                            summary_tags, tree, umask, write_sample)
-from helpers.clusters import (QUICK_FLAGS, STEADY_FLAGS, fake_nvidia_smi, local_cluster_task,
-                              run_local_cluster, tf_config)
+from helpers.clusters import (QUICK_FLAGS, STEADY_FLAGS, fake_nvidia_smi, job_commands,
+                              local_cluster_task, run_job, run_local_cluster, tf_config)
 from helpers.hostile import (HOSTILE_FILES, drip, make_hostile, returns_within, serve,
                              serve_stream, unblock_fifo)
 from helpers.in_process import (bfloat16_units, one_train_step, trainer_flags,

@@ -25,6 +25,29 @@ def local_cluster_task(start, num_ps, num_workers, train_dir, *flags, env=None):
                 '--train_dir=%s' % train_dir] + QUICK_FLAGS + list(flags), env)
 
 
+def job_commands(num_ps, num_workers, flags):
+  """{'ps0': argv, ..., 'worker0': argv, ...} of a hand-started job on free ports of
+  127.0.0.1 (a Kubernetes job's pods, each told the whole cluster), ps tasks first."""
+  from distributed import local_cluster  # imports TensorFlow: only when a test asks
+  ports = local_cluster.free_ports(num_ps + num_workers)
+  hosts = {'ps': ['127.0.0.1:%d' % p for p in ports[:num_ps]],
+           'worker': ['127.0.0.1:%d' % p for p in ports[num_ps:]]}
+  return {'%s%d' % (job, i): local_cluster.task_command(job, i, hosts['ps'], hosts['worker'],
+                                                        list(flags))
+          for job in ('ps', 'worker') for i in range(len(hosts[job]))}
+
+
+def run_job(start, num_ps, num_workers, train_dir, *flags):
+  """dist_train.py's tasks started by hand with QUICK_FLAGS, each run to its end, which
+  must be exit 0; returns {task: [its lines]}. For a test that needs a cluster, not the
+  launcher (tests/test_local_cluster.py tests that): its tasks are forked, not fresh."""
+  job = {name: start(argv) for name, argv in job_commands(
+      num_ps, num_workers, ['--train_dir=%s' % train_dir] + QUICK_FLAGS + list(flags)).items()}
+  for task in job.values():
+    assert task.finish() == 0, task.log()
+  return {name: task.lines for name, task in job.items()}
+
+
 def run_local_cluster(start, num_ps, num_workers, train_dir, *flags):
   """Runs dist_train.py --local_cluster to the end; returns {task: [its lines]}."""
   launcher = local_cluster_task(start, num_ps, num_workers, train_dir, *flags)
