@@ -80,7 +80,9 @@ def load(model_dir):
   try:
     signatures = tf.saved_model.load(model_dir).signatures
   except Exception as e:  # a damaged file: OpError, DecodeError, ValueError, ...
-    raise ClassifyError('cannot load the SavedModel %s: %s' % (model_dir, _first_line(e)))
+    raise ClassifyError('cannot load the SavedModel %s: %s. Its files are damaged or cut '
+                        'short: write it again with export_model.py.'
+                        % (model_dir, _first_line(e).rstrip('.')))
   if SIGNATURE_KEY not in signatures:
     raise ClassifyError('the SavedModel %s has no signature %s (it has: %s); export_model.py '
                         'writes one.' % (model_dir, SIGNATURE_KEY, ', '.join(signatures)))
@@ -193,10 +195,15 @@ def read_bounded(path, max_bytes):
 
 
 def _first_line(e):
-  """What an error says, without eager TensorFlow's {{function_node ...}} and [Op:...]."""
+  """What an error says, in its first line that says something: without eager
+  TensorFlow's {{function_node ...}} and [Op:...], nor a function's `Graph execution
+  error:` heading and the stack it gives before the cause."""
   text = str(getattr(e, 'message', None) or e).strip()
   text = re.sub(r'\s*\[Op:.*$', '', re.sub(r'\{\{[^}]*\}\}\s*', '', text), flags=re.S)
-  return text.splitlines()[0] if text else type(e).__name__
+  lines = [line.strip() for line in text.splitlines()
+           if line.strip() and not line.startswith((' ', '\t')) and line.strip() not in
+           ('Graph execution error:',) and not line.startswith('Detected at node')]
+  return lines[0] if lines else type(e).__name__
 
 
 def main(argv):

@@ -590,6 +590,19 @@ def test_classify_model_dir_not_a_saved_model_one_line_exit_1(tmp_path, monkeypa
 
 
 @pytest.mark.xdist_group('export')
+def test_classify_model_with_variables_cut_short_names_tensorflows_cause(exported, tmp_path):
+  # Before: `cannot load the SavedModel ...: Graph execution error:`, the cause unsaid.
+  model = tmp_path / 'model'
+  shutil.copytree(exported.export_dir, model)
+  data = model / 'variables' / 'variables.data-00000-of-00001'
+  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  with pytest.raises(classify.ClassifyError) as e:
+    classify.load(str(model))
+  assert str(e.value) == (
+      'cannot load the SavedModel %s: Read less bytes than requested. Its files are damaged '
+      'or cut short: write it again with export_model.py.' % model)
+
+
 def test_classify_class_names_file_unreadable_is_one_error_naming_it(exported, tmp_path):
   model_dir = str(tmp_path / 'model')
   shutil.copytree(exported.export_dir, model_dir)
