@@ -155,6 +155,21 @@ def test_data_dir_that_cannot_be_created_one_line(tmp_path):
   assert not os.path.exists(tmp_path / 'train')
 
 
+@pytest.mark.parametrize('flag', ['data_dir', 'train_dir'])
+@pytest.mark.parametrize('link, said', [
+    ('loop', 'it is a symbolic link in a loop (it leads back to itself)'),
+    ('dangling', 'it is a symbolic link to {target}, which does not exist')])
+def test_directory_symlink_loop_or_dangling_one_line_naming_it(tmp_path, flag, link, said):
+  # Before: `cannot create --data_dir ...: File exists`, the OS's word for both.
+  path, target = tmp_path / 'link', tmp_path / ('link' if link == 'loop' else 'gone')
+  os.symlink(target, path)
+  other = ['--train_dir=%s' % (tmp_path / 'train')] if flag == 'data_dir' else ['--synthetic']
+  done = helpers.run(['multi_gpu_train.py', '--%s=%s' % (flag, path), '--max_steps=2'] + other)
+  assert done.code == 1 and 'Traceback' not in done.err, done.log()
+  assert done.err.splitlines()[-1].startswith('error: cannot create --%s %s: %s. ' % (
+      flag, path, said.format(target=target))), done.log()
+
+
 def test_another_models_checkpoint_one_line_naming_the_variable(sample, tmp_path):
   with tf.Graph().as_default():
     tf.compat.v1.get_variable('conv1/weights', [3, 3, 1, 8])  # another model's shapes

@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 
+from training import errors
 from training.errors import TrainingError
 
 
@@ -43,7 +44,7 @@ def make_train_dir(train_dir):
     os.makedirs(train_dir, exist_ok=True)
   except OSError as e:
     raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
-                        'can write to.' % (train_dir, e.strerror)) from None
+                        'can write to.' % (train_dir, errors.not_created(e, train_dir))) from None
 
 
 def lock_train_dir(train_dir):

@@ -6,6 +6,7 @@ Errors are TrainingError, with a message that names the path or value, what is
 wrong and what to do; PeerGone asks the orchestrator for a restart.
 """
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -97,6 +98,19 @@ def os_error(e, path):
   # TensorFlow: '... /dir/model.ckpt-4.data-00000-of-00001.tempstate123; File too large'
   said = re.search(re.escape(path) + r'\S*; ([^\n]+)', str(e))
   return said.group(1).strip() if said else one_line(e)
+
+
+def not_created(e, path):
+  """Why os.makedirs(path) failed, in words: the OS's, or, for its `File exists`, a
+  symbolic link in a loop or to nothing, which the OS does not name."""
+  try:
+    os.stat(path)
+  except OSError as found:
+    if found.errno == errno.ELOOP:
+      return 'it is a symbolic link in a loop (it leads back to itself)'
+    if found.errno == errno.ENOENT and os.path.islink(path):
+      return 'it is a symbolic link to %s, which does not exist' % os.readlink(path)
+  return e.strerror
 
 
 def one_line(e):

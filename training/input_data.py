@@ -22,7 +22,7 @@ import urllib.request
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from training import mixed_precision
+from training import errors, mixed_precision
 from training.errors import DataError
 
 DOWNLOAD_TIMEOUT_SECS = 4 * 3600  # a whole download; 170 MB at 100 kbit/s takes 3.8 h
@@ -252,7 +252,7 @@ def make_data_dir(data_dir):
     os.makedirs(data_dir, exist_ok=True)
   except OSError as e:
     raise DataError('cannot create --data_dir %s: %s. Point --data_dir at a directory '
-                    'you can write to.' % (data_dir, e.strerror)) from None
+                    'you can write to.' % (data_dir, errors.not_created(e, data_dir))) from None
   return created
 
 
