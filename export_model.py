@@ -280,34 +280,14 @@ def newest_checkpoint(train_dir, data, went_away=None):
 def check_holds_network(path, data, to_restore, found):
   """Raises ExportError unless the checkpoint at path, holding found ({name: shape}),
   has every variable of to_restore (variables_to_restore of data's network, built)."""
-  wrong = _mismatch(to_restore, found)
+  wrong = evaluation.mismatch(to_restore, found)
   if wrong:
-    fits = [name for name, other in DATASETS.items()
-            if other is not data and not _mismatch(_network_variables(other), found)]
+    held = evaluation.network_held(found, other_than=data.model)
     raise ExportError('%s does not hold the %s network (%s). %s' % (
         path, data.model.__name__, wrong,
-        'It holds the %s network: pass --dataset=%s.' % (fits[0], fits[0]) if fits else
+        'It holds the %s network: pass --dataset=%s.' % (held, held) if held else
         'Point --train_dir at a directory the trainer (multi_gpu_train.py, dist_train.py) '
         'wrote.'))
-
-
-def _network_variables(data):
-  """variables_to_restore of data's network, built in a throwaway graph."""
-  with tf.Graph().as_default():
-    build(data)
-    return variables_to_restore(data.model)
-
-
-def _mismatch(to_restore, found):
-  """The first moving average the checkpoint lacks or holds in another shape, in words;
-  None when it holds them all. to_restore: {name: variable}; found: {name: shape} of
-  the checkpoint."""
-  for name, var in sorted(to_restore.items()):
-    if name not in found:
-      return 'it has no %s' % name
-    if found[name] != var.shape.as_list():
-      return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
-  return None
 
 
 def write(sess, signature, export_dir, replaced, class_names, checkpoint, record):

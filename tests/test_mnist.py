@@ -1,11 +1,12 @@
 """MNIST, the book's second classic: its network, the same trainer, evaluation, the cluster."""
+import os
 import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from training import evaluation
+from training import errors, evaluation
 import helpers
 import mnist
 import mnist_input
@@ -116,6 +117,33 @@ def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_s
           for flags, _ in refused]
   helpers.assert_each_refused_in_one_line(runs, refused)
   assert [p.name for p in tmp_path.iterdir()] == ['file']
+
+
+def test_mnist_eval_cifar10_checkpoint_refused_naming_the_network_it_holds(mnist_sample,
+                                                                           tmp_path):
+  import cifar10
+  import cifar10_input
+  with tf.Graph().as_default():  # a CIFAR-10 network and its moving averages, untrained
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    images, _ = tf.compat.v1.data.make_one_shot_iterator(
+        cifar10_input.synthetic_dataset(1)).get_next()
+    cifar10.inference(images)
+    tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY, global_step).apply(
+        tf.compat.v1.trainable_variables())
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      path = tf.compat.v1.train.Saver().save(sess, str(tmp_path / 'train' / 'model.ckpt'),
+                                             global_step=7)
+  options = types.SimpleNamespace(
+      checkpoint_dir=str(tmp_path / 'train'), eval_dir=str(tmp_path / 'eval'),
+      data_dir=mnist_sample, eval_data='test', batch_size=1000, use_moving_averages=True,
+      run_once=True, eval_interval_secs=10)
+  with tf.Graph().as_default(), pytest.raises(errors.EvalError) as e:
+    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, 'train')
+  assert str(e.value).startswith('cannot restore %s into the mnist model: ' % path), e.value
+  assert str(e.value).endswith(
+      '. It holds the cifar10 network: evaluate it with cifar10_eval.py.'), e.value
+  assert sorted(os.listdir(tmp_path)) == ['train']
 
 
 # dist_train.py --dataset=mnist: tests/test_dist_train.py's fp16 and float32 clusters.

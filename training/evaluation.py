@@ -17,6 +17,7 @@ import time
 from absl import flags
 import tensorflow as tf
 
+import data_sets
 from training import input_data, machine
 from training import checkpoints, errors, settings, summaries
 
@@ -227,6 +228,59 @@ def _data_flags(options):
   return ''.join(given)
 
 
+def _elsewhere(e, path, model):
+  """What to do with a checkpoint that would not restore into the model: nothing more
+  for a damaged one; the program for the network it holds; else the trainer's dir."""
+  if checkpoints.damaged(e):
+    return ''
+  try:
+    held = network_held(tf.train.load_checkpoint(path).get_variable_to_shape_map(),
+                        other_than=model)
+  except (tf.errors.OpError, ValueError):  # gone or unreadable since: said as it was
+    held = None
+  if held:
+    return ' It holds the %s network: evaluate it with %s_eval.py.' % (held, held)
+  return ' Point --checkpoint_dir at the trainer\'s --train_dir.'
+
+
+def network_held(found, other_than=None):
+  """The name of the data set ('cifar10', 'mnist') whose network a checkpoint holds,
+  every moving average by name and shape; None when it holds no network of ours.
+
+  Args:
+    found: {name: shape} of the checkpoint (its get_variable_to_shape_map()).
+    other_than: the model package that did not fit, not tried again.
+  """
+  for name, data in sorted(data_sets.DATASETS.items()):
+    if data.model is not other_than and not mismatch(
+        network_variables(data.model, data.input), found):
+      return name
+  return None
+
+
+def network_variables(model, data_input):
+  """{checkpoint name: variable} of the model's moving averages, as the evaluation
+  restores them, in a throwaway graph."""
+  with tf.Graph().as_default():
+    images, _ = tf.compat.v1.data.make_one_shot_iterator(
+        data_input.synthetic_dataset(1)).get_next()
+    model.inference(images)
+    return tf.compat.v1.train.ExponentialMovingAverage(
+        model.MOVING_AVERAGE_DECAY).variables_to_restore()
+
+
+def mismatch(to_restore, found):
+  """The first moving average the checkpoint lacks or holds in another shape, in words;
+  None when it holds them all. to_restore: {name: variable}; found: {name: shape} of
+  the checkpoint."""
+  for name, var in sorted(to_restore.items()):
+    if name not in found:
+      return 'it has no %s' % name
+    if found[name] != var.shape.as_list():
+      return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
+  return None
+
+
 def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
@@ -252,10 +306,9 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do.
         if not checkpoints.rotated_away(path, went_away):
-          elsewhere = ('' if checkpoints.damaged(e) else
-                       ' Point --checkpoint_dir at the trainer\'s --train_dir.')
           raise errors.EvalError('cannot restore %s into the %s model: %s%s' % (
-              path, model.__name__, checkpoints.restore_error(e), elsewhere)) from None
+              path, model.__name__, checkpoints.restore_error(e),
+              _elsewhere(e, path, model))) from None
         went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
