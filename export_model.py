@@ -74,14 +74,15 @@ DataSet = collections.namedtuple('DataSet', [
     'image_shape',  # one raw image, as the data set stores it
     'train_dir', 'export_dir',  # the flags' defaults
     'trainer',      # the command that trains it, for the no-checkpoint message
+    'example',      # an image file it classifies, for the closing hint
 ])
 DATASETS = {
     'cifar10': DataSet(cifar10, cifar10_input,
                        [cifar10_input.HEIGHT, cifar10_input.WIDTH, cifar10_input.DEPTH],
-                       TRAIN_DIR, EXPORT_DIR, 'python multi_gpu_train.py'),
+                       TRAIN_DIR, EXPORT_DIR, 'python multi_gpu_train.py', 'cat.png'),
     'mnist': DataSet(mnist, mnist_input, [mnist_input.IMAGE_SIZE, mnist_input.IMAGE_SIZE],
                      MNIST_TRAIN_DIR, MNIST_EXPORT_DIR,
-                     'python multi_gpu_train.py --dataset=mnist'),
+                     'python multi_gpu_train.py --dataset=mnist', 'seven.png'),
 }
 
 FLAGS = flags.FLAGS
@@ -521,8 +522,8 @@ def say_written(export_dir, path, step, data):
   print('Signature %s: %s uint8 [%s] -> classes int64 [N], probabilities float32 [N, %d]; '
         'class names in %s.' % (SIGNATURE_KEY, INPUT_KEY, shape, data.model.NUM_CLASSES,
                                 os.path.join(export_dir, CLASS_NAMES_FILE)))
-  print('Classify image files with it: python classify.py --model_dir=%s cat.png'
-        % export_dir)
+  print('Classify image files with it: python classify.py --model_dir=%s %s'
+        % (export_dir, data.example))
 
 
 if __name__ == '__main__':
