@@ -284,10 +284,9 @@ def write_start(graph, run, settings, data, where, epoch, describe):
   startup.check_memory(  # what the loop runs in one step, summaries included
       (list(graph.train_ops) if settings.async_towers else [graph.train_op]) + [graph.loss] +
       ([graph.summary_op] if graph.summary_op is not None else []), settings)
-  if settings.fresh:
-    checkpoints.set_aside(settings.train_dir)
+  replaced = checkpoints.set_aside(settings.train_dir) if settings.fresh else None
   record = describe(run.start_step)
-  run_record.write_and_compare(settings.train_dir, record)
+  run_record.write_and_compare(settings.train_dir, record, replaced)
   startup.print_versions(where)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       settings.batch_size * settings.num_gpus, settings.batch_size, settings.num_gpus,

@@ -8,6 +8,7 @@ directory is only read: never written, locked or deleted.
 """
 import collections
 import datetime
+import fnmatch
 import os
 import shlex
 import signal
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 import data_sets
 from training import input_data, machine
-from training import checkpoints, errors, settings, summaries
+from training import checkpoints, directory, errors, settings, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -228,6 +229,50 @@ def _data_flags(options):
   return ''.join(given)
 
 
+def _writer_for(eval_dir, step, writer, latest):
+  """The event writer for a point at `step` (summaries.SummaryWriter: a failed write is
+  a warning, once), and the latest step of eval_dir's points after it.
+
+  A step below the latest already there is a new model's (the trainer's --fresh began
+  again at 0): the old model's event files are moved beside eval_dir first, out of the
+  reach of TensorBoard's --logdir=eval_dir, and where they went is said.
+  """
+  if writer is None:
+    latest = _latest_step(eval_dir)
+  if latest is not None and step < latest:
+    if writer is not None:
+      writer.close()
+    try:
+      dest, found = directory.move_aside(eval_dir, [summaries.EVENT_FILES])
+    except OSError as e:
+      raise errors.EvalError('cannot move the old model\'s points in --eval_dir=%s aside: '
+                             '%s. Move its event files yourself, or give another --eval_dir.'
+                             % (eval_dir, e.strerror or e)) from None
+    print('%s held points up to global step %d, of a model since replaced: moved its %d '
+          'event files to %s. To see them beside the new: tensorboard '
+          '--logdir_spec=new:%s,old:%s' % (eval_dir, latest, len(found), dest, eval_dir, dest))
+    writer = latest = None
+  if writer is None:
+    os.makedirs(eval_dir, exist_ok=True)  # checked writable at start-up
+    writer = summaries.SummaryWriter(eval_dir)
+  return writer, max(step, latest or step)
+
+
+def _latest_step(eval_dir):
+  """The highest global step of the points in eval_dir's event files; None for none.
+  A file cut short counts for the points it holds whole."""
+  latest = None
+  for name in sorted(directory.entries(eval_dir)):
+    if fnmatch.fnmatchcase(name, summaries.EVENT_FILES):
+      try:
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, name)):
+          if event.HasField('summary'):
+            latest = max(event.step, latest or event.step)
+      except (tf.errors.OpError, OSError):
+        pass
+  return latest
+
+
 def _elsewhere(e, path, model):
   """What to do with a checkpoint that would not restore into the model: nothing more
   for a damaged one; the program for the network it holds; else the trainer's dir."""
@@ -285,7 +330,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
   averages = 'moving averages' if options.use_moving_averages else 'raw weights'
-  writer, last_path, waited, went_away = None, None, False, None
+  writer, last_path, waited, went_away, latest = None, None, False, None, None
   while True:
     path = latest_checkpoint(options.checkpoint_dir)
     if path is None and options.run_once:
@@ -315,9 +360,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
             'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
                                      options.eval_data, averages, loss))
       sys.stdout.flush()
-      if writer is None:  # summaries.SummaryWriter: a failed write is a warning, once
-        os.makedirs(options.eval_dir, exist_ok=True)  # checked writable at start-up
-        writer = summaries.SummaryWriter(options.eval_dir)
+      writer, latest = _writer_for(options.eval_dir, step, writer, latest)
       writer.add_summary(tf.compat.v1.Summary(value=[
           tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
           # The trainer's tag: TensorBoard draws the test set's beside the training one.
