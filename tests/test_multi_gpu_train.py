@@ -535,7 +535,7 @@ def test_rerun_batch_size_edited_then_fresh_says_each_change_once_old_events_out
     multi_gpu_train.train(helpers.trainer_settings(
         str(train_dir), '', synthetic=True, batch_size=batch_size, max_steps=max_steps,
         summary_steps=1, fresh=fresh), flag_values={'batch_size': batch_size,
-                                                    'max_steps': max_steps})
+                                                    'max_steps': max_steps, 'fresh': fresh})
     return capsys.readouterr().out.splitlines()
 
   run(16, 1)
@@ -555,6 +555,7 @@ def test_rerun_batch_size_edited_then_fresh_says_each_change_once_old_events_out
   assert [os.path.relpath(d, train_dir) for d, _, files in os.walk(train_dir)
           if any('tfevents' in f for f in files)] == ['.']  # TensorBoard's one run: the new
   assert len(helpers.event_files(str(train_dir))) == 1
+  assert not [line for line in run(4, 1) if line.startswith('changed since')]  # nor --fresh
 
 
 def test_rerun_constant_edited_and_its_flag_given_says_the_flag_overrides_it(tmp_path, capsys,

@@ -16,6 +16,7 @@ from training.errors import TrainingError, one_line
 
 RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')  # write_run_record's names
 RECORD_MAX_BYTES = 1 << 20  # a record has a few KB; a larger file is not compared with
+NOT_COMPARED = ('fresh',)   # flags that say what a run does, in lines of their own
 
 
 def constants_of(module):
@@ -140,10 +141,11 @@ def changes_since(train_dir, record, named_whole=False):
     edits += source_edits
   old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
-    if name in old_flags and _differs(old_flags[name], value) and not (
-        name not in new.get('flags_given', ()) and any(  # the default its constant gave
-            _flag_of(constant, new) == name and not _differs(was, old_flags[name]) and
-            not _differs(now, value) for constant, was, now in edits)):
+    if name not in old_flags or name in NOT_COMPARED or not _differs(old_flags[name], value):
+      continue
+    if not (name not in new.get('flags_given', ()) and any(  # the default its constant gave
+        _flag_of(constant, new) == name and not _differs(was, old_flags[name]) and
+        not _differs(now, value) for constant, was, now in edits)):
       changes.append('--%s %s -> %s' % (name, _shown(old_flags[name]), _shown(value)))
   if not changes:
     return None
