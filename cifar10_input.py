@@ -7,15 +7,18 @@ The binary CIFAR-10 files hold fixed-length records of 1 label byte followed by
     distorted_inputs(data_dir, batch_size)       training batches, augmented
     inputs(eval_data, data_dir, batch_size)      evaluation batches, one pass
     eval_images(images)                          uint8 images -> what the network reads
+    python cifar10_input.py --write_sample=DIR   a small learnable set in the same layout
 
-Every path and size arrives as an argument; nothing here reads flags. Problems
+Every path and size arrives as an argument; only the program (main) reads flags. Problems
 with the files raise DataError with a message naming the file and the fix.
 """
 import os
 
 if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then TensorFlow quietly
+  import sys
   from training import prelude
   prelude.check_python()
+  prelude.answer_help(sys.argv)  # --help exits 0, --helpshort lists this program's flags
   prelude.import_tensorflow()
 
 import collections
@@ -29,10 +32,12 @@ import tempfile
 import time
 import urllib.parse
 
+from absl import app
+from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from training import errors, input_data
+from training import errors, input_data, machine
 
 # ---- The data set, as published ---------------------------------------------
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
@@ -684,27 +689,30 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
   return input_data.md5_of(archive)
 
 
-def main(argv=None):
+def define_flags(flag_values=flags.FLAGS):
+  """--write_sample's flags; called when this file runs as a program."""
+  flags.DEFINE_string('write_sample', None, 'directory to write cifar-10-binary.tar.gz and '
+                      'cifar-10-batches-bin/ into', flag_values=flag_values)
+  flags.DEFINE_integer('records_per_file', SAMPLE_RECORDS_PER_FILE,
+                       'records in each of the six files', flag_values=flag_values)
+
+
+def main(argv, flag_values=flags.FLAGS):
   """python cifar10_input.py --write_sample=DIR: a sample data set, and how to train on it."""
-  import argparse  # only this command line needs it
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument('--write_sample', required=True, metavar='DIR',
-                      help='directory to write cifar-10-binary.tar.gz and '
-                           'cifar-10-batches-bin/ into')
-  parser.add_argument('--helpshort', action='help',
-                      help='the same as --help: every flag here is this program\'s own')
-  parser.add_argument('--records_per_file', type=int, default=SAMPLE_RECORDS_PER_FILE,
-                      help='records in each of the six files (default %(default)s)')
-  args = parser.parse_args(argv)
-  if args.records_per_file < 1:
-    parser.error('--records_per_file must be at least 1, got %d' % args.records_per_file)
+  with errors.one_line_errors():
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
+  if flag_values.write_sample is None:
+    sys.exit('error: --write_sample=DIR is required: the directory to write the sample into.')
+  if flag_values.records_per_file < 1:
+    sys.exit('error: --records_per_file must be at least 1, got %d'
+             % flag_values.records_per_file)
   try:
-    md5 = write_sample(args.write_sample, args.records_per_file)
+    md5 = write_sample(flag_values.write_sample, flag_values.records_per_file)
   except (DataError, OSError) as e:
     sys.exit('error: %s' % e)
-  data_dir = os.path.abspath(args.write_sample)
+  data_dir = os.path.abspath(flag_values.write_sample)
   print('Wrote a learnable sample, %d records per file, to %s (archive md5 %s).'
-        % (args.records_per_file, batches_dir(data_dir), md5))
+        % (flag_values.records_per_file, batches_dir(data_dir), md5))
   data = '--data_dir=%s --data_md5=%s' % (data_dir, md5)
   print('Train on it, then evaluate:\n'
         '  python multi_gpu_train.py --num_gpus=2 --batch_size=32 --max_steps=400 %s '
@@ -726,4 +734,6 @@ train_dataset = distorted_dataset
 
 
 if __name__ == '__main__':
-  main()
+  define_flags()
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  app.run(main)

@@ -74,14 +74,15 @@ DataSet = collections.namedtuple('DataSet', [
     'image_shape',  # one raw image, as the data set stores it
     'train_dir', 'export_dir',  # the flags' defaults
     'trainer',      # the command that trains it, for the no-checkpoint message
+    'example',      # an image file it classifies, for the closing hint
 ])
 DATASETS = {
     'cifar10': DataSet(cifar10, cifar10_input,
                        [cifar10_input.HEIGHT, cifar10_input.WIDTH, cifar10_input.DEPTH],
-                       TRAIN_DIR, EXPORT_DIR, 'python multi_gpu_train.py'),
+                       TRAIN_DIR, EXPORT_DIR, 'python multi_gpu_train.py', 'cat.png'),
     'mnist': DataSet(mnist, mnist_input, [mnist_input.IMAGE_SIZE, mnist_input.IMAGE_SIZE],
                      MNIST_TRAIN_DIR, MNIST_EXPORT_DIR,
-                     'python multi_gpu_train.py --dataset=mnist'),
+                     'python multi_gpu_train.py --dataset=mnist', 'seven.png'),
 }
 
 FLAGS = flags.FLAGS
@@ -280,34 +281,14 @@ def newest_checkpoint(train_dir, data, went_away=None):
 def check_holds_network(path, data, to_restore, found):
   """Raises ExportError unless the checkpoint at path, holding found ({name: shape}),
   has every variable of to_restore (variables_to_restore of data's network, built)."""
-  wrong = _mismatch(to_restore, found)
+  wrong = evaluation.mismatch(to_restore, found)
   if wrong:
-    fits = [name for name, other in DATASETS.items()
-            if other is not data and not _mismatch(_network_variables(other), found)]
+    held = evaluation.network_held(found, other_than=data.model)
     raise ExportError('%s does not hold the %s network (%s). %s' % (
         path, data.model.__name__, wrong,
-        'It holds the %s network: pass --dataset=%s.' % (fits[0], fits[0]) if fits else
+        'It holds the %s network: pass --dataset=%s.' % (held, held) if held else
         'Point --train_dir at a directory the trainer (multi_gpu_train.py, dist_train.py) '
         'wrote.'))
-
-
-def _network_variables(data):
-  """variables_to_restore of data's network, built in a throwaway graph."""
-  with tf.Graph().as_default():
-    build(data)
-    return variables_to_restore(data.model)
-
-
-def _mismatch(to_restore, found):
-  """The first moving average the checkpoint lacks or holds in another shape, in words;
-  None when it holds them all. to_restore: {name: variable}; found: {name: shape} of
-  the checkpoint."""
-  for name, var in sorted(to_restore.items()):
-    if name not in found:
-      return 'it has no %s' % name
-    if found[name] != var.shape.as_list():
-      return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
-  return None
 
 
 def write(sess, signature, export_dir, replaced, class_names, checkpoint, record):
@@ -541,8 +522,8 @@ def say_written(export_dir, path, step, data):
   print('Signature %s: %s uint8 [%s] -> classes int64 [N], probabilities float32 [N, %d]; '
         'class names in %s.' % (SIGNATURE_KEY, INPUT_KEY, shape, data.model.NUM_CLASSES,
                                 os.path.join(export_dir, CLASS_NAMES_FILE)))
-  print('Classify image files with it: python classify.py --model_dir=%s cat.png'
-        % export_dir)
+  print('Classify image files with it: python classify.py --model_dir=%s %s'
+        % (export_dir, data.example))
 
 
 if __name__ == '__main__':

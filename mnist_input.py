@@ -15,8 +15,10 @@ as the book's reader did; its learning rate is tuned for that.
 import os
 
 if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then TensorFlow quietly
+  import sys
   from training import prelude
   prelude.check_python()
+  prelude.answer_help(sys.argv)  # --help exits 0, --helpshort lists this program's flags
   prelude.import_tensorflow()
 
 import gzip
@@ -24,10 +26,12 @@ import re
 import struct
 import sys
 
+from absl import app
+from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from training import errors, input_data
+from training import errors, input_data, machine
 
 # ---- The data set, as published ------------------------------------------------
 DATA_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'  # TensorFlow's copy
@@ -440,29 +444,33 @@ def write_sample(data_dir, train_records=SAMPLE_TRAIN_RECORDS,
     write_records(os.path.join(data_dir, name), images, _mislabel(labels, rng))
 
 
-def main(argv=None):
+def define_flags(flag_values=flags.FLAGS):
+  """--write_sample's flags; called when this file runs as a program."""
+  flags.DEFINE_string('write_sample', None, 'directory to write train.tfrecords and '
+                      'test.tfrecords into', flag_values=flag_values)
+  flags.DEFINE_integer('train_records', SAMPLE_TRAIN_RECORDS, 'records in train.tfrecords',
+                       flag_values=flag_values)
+  flags.DEFINE_integer('test_records', SAMPLE_TEST_RECORDS, 'records in test.tfrecords',
+                       flag_values=flag_values)
+
+
+def main(argv, flag_values=flags.FLAGS):
   """python mnist_input.py --write_sample=DIR: a sample data set, and how to train on it."""
-  import argparse  # only this command line needs it
-  parser = argparse.ArgumentParser(description=main.__doc__)
-  parser.add_argument('--write_sample', required=True, metavar='DIR',
-                      help='directory to write train.tfrecords and test.tfrecords into')
-  parser.add_argument('--helpshort', action='help',
-                      help='the same as --help: every flag here is this program\'s own')
-  parser.add_argument('--train_records', type=int, default=SAMPLE_TRAIN_RECORDS,
-                      help='records in train.tfrecords (default %(default)s)')
-  parser.add_argument('--test_records', type=int, default=SAMPLE_TEST_RECORDS,
-                      help='records in test.tfrecords (default %(default)s)')
-  args = parser.parse_args(argv)
+  with errors.one_line_errors():
+    errors.refuse_arguments(argv)  # absl has already refused unknown flags
+  if flag_values.write_sample is None:
+    sys.exit('error: --write_sample=DIR is required: the directory to write the sample into.')
   for name in ('train_records', 'test_records'):
-    if getattr(args, name) < 1:
-      parser.error('--%s must be at least 1, got %d' % (name, getattr(args, name)))
+    if flag_values[name].value < 1:
+      sys.exit('error: --%s must be at least 1, got %d' % (name, flag_values[name].value))
   try:
-    write_sample(args.write_sample, args.train_records, args.test_records)
+    write_sample(flag_values.write_sample, flag_values.train_records, flag_values.test_records)
   except (DataError, OSError) as e:
     sys.exit('error: %s' % e)
-  data_dir = os.path.abspath(args.write_sample)
+  data_dir = os.path.abspath(flag_values.write_sample)
   print('Wrote a learnable MNIST sample to %s: %s %d records, %s %d records.'
-        % (data_dir, TRAIN_FILE, args.train_records, TEST_FILE, args.test_records))
+        % (data_dir, TRAIN_FILE, flag_values.train_records, TEST_FILE,
+           flag_values.test_records))
   print('Train on it, then evaluate:\n'
         '  python multi_gpu_train.py --dataset=mnist --num_gpus=2 --data_dir=%s '
         '--train_dir=%s_train\n'
@@ -489,4 +497,6 @@ prepare = maybe_download_and_convert
 
 
 if __name__ == '__main__':
-  main()
+  define_flags()
+  machine.list_gpus()  # before absl's start-up, which finds them loudly (see there)
+  app.run(main)

@@ -284,10 +284,9 @@ def write_start(graph, run, settings, data, where, epoch, describe):
   startup.check_memory(  # what the loop runs in one step, summaries included
       (list(graph.train_ops) if settings.async_towers else [graph.train_op]) + [graph.loss] +
       ([graph.summary_op] if graph.summary_op is not None else []), settings)
-  if settings.fresh:
-    checkpoints.set_aside(settings.train_dir)
+  replaced = checkpoints.set_aside(settings.train_dir) if settings.fresh else None
   record = describe(run.start_step)
-  run_record.write_and_compare(settings.train_dir, record)
+  run_record.write_and_compare(settings.train_dir, record, replaced)
   startup.print_versions(where)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       settings.batch_size * settings.num_gpus, settings.batch_size, settings.num_gpus,
@@ -311,8 +310,9 @@ def open_session(run, config, input_init):
   saver = checkpoints.make_saver(tf.compat.v1.global_variables())
   init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(config=config) as sess:
-    # --log_device_placement: TensorFlow's lines come in these first runs; then their sum.
-    with placement.placement_summed_up(config.log_device_placement):
+    # --log_device_placement: TensorFlow's lines come in these first runs and the first
+    # step's; then their sum.
+    with placement.placement_summed_up(sess, config.log_device_placement) as arm:
       if run.checkpoint:
         try:  # a float32 run's checkpoint into fp16 too: its loss scale starts fresh
           fresh = mixed_precision.restore(sess, run.checkpoint, tf.compat.v1.global_variables())
@@ -328,8 +328,9 @@ def open_session(run, config, input_init):
         sess.run(init)
         print('Starting from step 0 in %s' % run.train_dir)
       sess.run(input_init)
-    sys.stdout.flush()
-    yield sess, saver
+      arm()  # the first step places the input pipeline's functions
+      sys.stdout.flush()
+      yield sess, saver
 
 
 Run = collections.namedtuple('Run', [

@@ -15,12 +15,14 @@ BF16_OVER_FLOAT32 = 1.3     # ours --use_bf16 / ours float32, both oneDNN on, sy
 BF16_OVER_FIT = 1.2         # ours --use_bf16 / the model.fit peer under mixed_bfloat16, every N
 
 
-def check(rows, dist):
+def check(rows, dist, quick=False):
   """Prints one line per target; returns them, measured values and verdicts, for the JSON.
 
   Args:
     rows: the table's rows, {'1': row dict, ...}, keyed by towers.
     dist: dist_rows.summarise's rows, or None when they were not run.
+    quick: --quick's few steps time start-up, not speed: what was measured is printed,
+      and no verdict (None in the JSON).
   """
   def per_n(key):
     return {'N=%s' % n: row[key] for n, row in rows.items()}
@@ -46,18 +48,21 @@ def check(rows, dist):
        per_n_bf16('ours_over_fit')),
   ]
   print()
-  print('Targets, each against what this run measured:')
+  print('Targets, as this --quick run measured them: no verdict, its few steps time '
+        'start-up; run without --quick to judge them:' if quick else
+        'Targets, each against what this run measured:')
   results = []
   for name, goal, pattern, measured in targets:
     measured = {where: value for where, value in measured.items() if value is not None}
     show = lambda value: pattern % (100 * value if '%%' in pattern else value)
-    verdict = 'not measured'
-    if measured:
+    verdict = None if quick else 'not measured'
+    if measured and not quick:
       worst = min(measured, key=measured.get)
       short = 1 - measured[worst] / goal
       verdict = 'met' if short <= 0 else 'SHORT by %.1f%% (%s: %s)' % (
           100 * short, worst, show(measured[worst]))
-    print('  %-48s >= %-5s  %-34s  %s' % (name, show(goal), ', '.join(
-        '%s %s' % (where, show(value)) for where, value in measured.items()), verdict))
+    print(('  %-48s >= %-5s  %-34s  %s' % (name, show(goal), ', '.join(
+        '%s %s' % (where, show(value)) for where, value in measured.items()),
+        verdict or '')).rstrip())
     results.append(dict(name=name, goal=goal, measured=measured, verdict=verdict))
   return results

@@ -59,7 +59,6 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
   assert 'ours/peer' in stdout and 'ours/fit' in stdout
   for label in DIST_LABELS:
     assert label in stdout
-  assert 'Targets, each against what this run measured:' in stdout
   assert [t['name'] for t in table['targets']] == [
       'ours / custom-loop peer, every N', 'ours / model.fit peer, every N',
       'ours of matmul rate at N=1', 'real / synthetic input, every N',
@@ -82,18 +81,13 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
                  (targets.BF16_OVER_FIT, {'N=1': row['bf16']['ours_over_fit']})]
   else:
     assert row['bf16'] is None
-    assert [t['verdict'] for t in table['targets'][-2:]] == ['not measured'] * 2
+    assert [t['measured'] for t in table['targets'][-2:]] == [{}] * 2
   for target, (goal, measured) in zip(table['targets'], expected):
     assert target['goal'] == goal and target['measured'] == measured, target
-    where = min(measured, key=measured.get)  # the verdict is the worst one's
-    value = measured[where]
-    if value >= goal:
-      assert target['verdict'] == 'met', target
-    else:
-      assert target['verdict'].startswith('SHORT by %.1f%% (%s: ' % (100 * (1 - value / goal),
-                                                                     where)), target
-    assert re.search('^  %s .*  %s$' % (re.escape(target['name']), re.escape(target['verdict'])),
-                     stdout, re.M), target
+    # --quick's steps time start-up: no verdict (targets.check's own: the test below).
+    assert target['verdict'] is None, target
+    assert re.search('^  %s ' % re.escape(target['name']), stdout, re.M), target
+  assert 'SHORT by' not in stdout and 'no verdict' in stdout, stdout
 
 
 @pytest.mark.slow
@@ -341,6 +335,18 @@ def test_targets_check_short_target_says_by_how_much(capsys):
   assert results[7]['measured'] == {'N=1': 1.25}
   assert [r['verdict'] for r in targets.check({'1': dict(row, bf16=None)}, dist)[-2:]] == [
       'not measured'] * 2
+
+
+def test_targets_check_quick_prints_measured_values_and_no_verdict(capsys):
+  row = dict(ours_over_peer=0.5, ours_over_fit=0.5, fraction_of_matmul=0.1,
+             real_over_synthetic=0.5, seeded_over_unseeded=0.5, bf16=None)
+  dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.3)}
+  results = targets.check({'1': row}, dist, quick=True)
+  out = capsys.readouterr().out
+  assert [r['verdict'] for r in results] == [None] * 8
+  assert results[0]['measured'] == {'N=1': 0.5} and 'N=1 0.50' in out
+  assert 'SHORT' not in out and ' met' not in out and 'not measured' not in out, out
+  assert 'no verdict' in out and 'run without --quick' in out, out
 
 
 @pytest.mark.slow

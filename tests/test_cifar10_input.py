@@ -554,6 +554,7 @@ def test_synthetic_dataset_same_batch_every_step_and_no_constant_in_the_graph():
 
 
 def test_write_sample_hint_each_training_evaluated_into_its_own_eval_dir(tmp_path, capsys):
-  cifar10_input.main(['--write_sample=%s' % (tmp_path / 'sample'), '--records_per_file=2'])
+  helpers.input_main(cifar10_input, '--write_sample=%s' % (tmp_path / 'sample'),
+                     '--records_per_file=2')
   helpers.assert_each_training_evaluated_into_its_own_eval_dir(capsys.readouterr().out,
                                                                'cifar10_eval.py')

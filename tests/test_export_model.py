@@ -445,6 +445,14 @@ def test_export_checkpoint_of_other_data_set_refused_naming_the_right_flag(mnist
   assert os.listdir(tmp_path) == []
 
 
+def test_export_closing_hint_mnist_names_a_digit_image(capsys):
+  export_model.say_written('/tmp/mnist_model', '/tmp/mnist_train/model.ckpt-20', 20,
+                           export_model.DATASETS['mnist'])
+  assert capsys.readouterr().out.splitlines()[-1] == (
+      'Classify image files with it: python classify.py --model_dir=/tmp/mnist_model '
+      'seven.png')
+
+
 def test_export_checkpoint_of_neither_network_refused_naming_the_trainers(tmp_path):
   with tf.Graph().as_default():  # a global step and a variable of neither network
     tf.compat.v1.train.get_or_create_global_step()

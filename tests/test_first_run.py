@@ -10,6 +10,7 @@ import re
 import shlex
 import sys
 
+from absl import flags
 import pytest
 
 import cifar10_input
@@ -95,7 +96,7 @@ def test_write_sample_cli_second_sample_into_same_directory_overwrites_nothing(
   # The command line's own parser and exit, in this process: `python cifar10_input.py`
   # runs main() (the fixture's run shows it), and sys.exit('error: ...') exits 1.
   with pytest.raises(SystemExit) as e:
-    cifar10_input.main(['--write_sample=%s' % sample_dir])
+    helpers.input_main(cifar10_input, '--write_sample=%s' % sample_dir)
   assert 'already exists; nothing was written' in str(e.value.code), e.value.code
   assert str(e.value.code).startswith('error: ') and capsys.readouterr().out == ''
   assert {p: os.path.getmtime(p) for p in before} == before
@@ -230,23 +231,31 @@ def test_mnist_eval_has_no_data_md5_flag(accepted_flags):
 
 
 @pytest.mark.parametrize('module, options', [
-    (cifar10_input, {'write_sample': 'directory to write', 'records_per_file': 'records in',
-                     'helpshort': 'the same as --help'}),
+    (cifar10_input, {'write_sample': 'directory to write', 'records_per_file': 'records in'}),
     (mnist_input, {'write_sample': 'directory to write', 'train_records': 'records in train',
-                   'test_records': 'records in test', 'helpshort': 'the same as --help'})],
+                   'test_records': 'records in test'})],
     ids=['cifar10_input', 'mnist_input'])
-def test_input_module_help_describes_every_option(module, options, capsys, monkeypatch):
-  # The command line's own parser (main(argv)), in this process, at the width a
-  # terminal-less run gets; the write-sample fixtures run the modules as programs.
-  monkeypatch.setenv('COLUMNS', '80')
-  with pytest.raises(SystemExit) as e:
-    module.main(['--help'])
-  out = capsys.readouterr().out
-  assert e.value.code == 0, out
-  described = dict(re.findall(r'^  --(\w+)[^\n]*?(?:\n +|  +)(\w[^\n]*)', out, re.M))
-  assert set(re.findall(r'^  --(\w+)', out, re.M)) == set(options), out
+def test_input_module_flags_each_described(module, options):
+  # What --help lists for them (the programs' own --help: the test below).
+  flag_values = flags.FlagValues()
+  module.define_flags(flag_values)
+  described = {name: flag.help for name, flag in flag_values._flags().items()}
+  assert set(described) == set(options), described
   for name, words in options.items():
-    assert described.get(name, '').startswith(words), (name, out)
+    assert described[name].startswith(words), (name, described)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('program', ['cifar10_input.py', 'mnist_input.py'])
+def test_input_program_misspelt_or_missing_flag_refused_in_one_line_exit_1(program, tmp_path):
+  misspelt = helpers.run([program, '--write_sampl=%s' % tmp_path])
+  assert misspelt.code == 1 and "Unknown command line flag 'write_sampl'" in misspelt.err, (
+      misspelt.log())
+  missing = helpers.run([program])
+  assert missing.code == 1 and missing.err.splitlines() == [
+      'error: --write_sample=DIR is required: the directory to write the sample into.'], (
+          missing.log())
+  assert os.listdir(tmp_path) == [] and misspelt.out == missing.out == ''
 
 
 # A flag each program defines itself, which its --helpshort must list.
@@ -254,7 +263,6 @@ OWN_FLAG = {'multi_gpu_train.py': 'num_gpus', 'dist_train.py': 'job_name',
             'cifar10_eval.py': 'eval_dir', 'mnist_eval.py': 'eval_dir',
             'export_model.py': 'export_dir', 'classify.py': 'model_dir',
             'cifar10_input.py': 'write_sample', 'mnist_input.py': 'write_sample'}
-ARGPARSE_PROGRAMS = ('cifar10_input.py', 'mnist_input.py')  # every flag is their own
 
 
 @pytest.mark.slow
@@ -265,7 +273,5 @@ def test_help_exits_0_and_helpshort_lists_the_programs_own_flags_shorter(program
   assert full.code == 0 and short.code == 0, (full.log(), short.log())
   listed_full, listed_short = helpers.listed_flags(full.out), helpers.listed_flags(short.out)
   assert OWN_FLAG[program] in listed_short, short.log()
-  if program in ARGPARSE_PROGRAMS:
-    assert short.out == full.out, short.log()
-  else:  # --help: every flag the program accepts (absl's, TensorFlow's); --helpshort: its own
-    assert listed_short < listed_full and len(short.out) < len(full.out), short.log()
+  # --help: every flag the program accepts (absl's, TensorFlow's); --helpshort: its own
+  assert listed_short < listed_full and len(short.out) < len(full.out), short.log()

@@ -1,11 +1,12 @@
 """MNIST, the book's second classic: its network, the same trainer, evaluation, the cluster."""
+import os
 import types
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from training import evaluation
+from training import errors, evaluation, summaries
 import helpers
 import mnist
 import mnist_input
@@ -116,6 +117,67 @@ def test_mnist_eval_bad_command_line_exits_1_in_one_line_writing_nothing(mnist_s
           for flags, _ in refused]
   helpers.assert_each_refused_in_one_line(runs, refused)
   assert [p.name for p in tmp_path.iterdir()] == ['file']
+
+
+def _untrained_checkpoint(model, data_input, train_dir, step):
+  """A checkpoint of model's network and its moving averages, untrained, at `step`."""
+  with tf.Graph().as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    images, _ = tf.compat.v1.data.make_one_shot_iterator(
+        data_input.synthetic_dataset(1)).get_next()
+    model.inference(images)
+    tf.compat.v1.train.ExponentialMovingAverage(model.MOVING_AVERAGE_DECAY, global_step).apply(
+        tf.compat.v1.trainable_variables())
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(global_step.assign(step))
+      return tf.compat.v1.train.Saver().save(sess, os.path.join(str(train_dir), 'model.ckpt'),
+                                             global_step=step)
+
+
+def _eval_options(train_dir, eval_dir, data_dir):
+  return types.SimpleNamespace(  # mnist_eval.py's defaults
+      checkpoint_dir=str(train_dir), eval_dir=str(eval_dir), data_dir=data_dir,
+      eval_data='test', batch_size=1000, use_moving_averages=True, run_once=True,
+      eval_interval_secs=10)
+
+
+def test_mnist_eval_cifar10_checkpoint_refused_naming_the_network_it_holds(mnist_sample,
+                                                                           tmp_path):
+  import cifar10
+  import cifar10_input
+  path = _untrained_checkpoint(cifar10, cifar10_input, tmp_path / 'train', 7)
+  options = _eval_options(tmp_path / 'train', tmp_path / 'eval', mnist_sample)
+  with tf.Graph().as_default(), pytest.raises(errors.EvalError) as e:
+    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, 'train')
+  assert str(e.value).startswith('cannot restore %s into the %s model: ' % (path, 'mnist'))
+  assert str(e.value).endswith(
+      '. It holds the cifar10 network: evaluate it with cifar10_eval.py.'), e.value
+  assert sorted(os.listdir(tmp_path)) == ['train']
+
+
+def test_eval_checkpoint_below_eval_dirs_points_moves_them_out_of_logdirs_reach(
+    mnist_sample, tmp_path, capsys):
+  # The trainer's --fresh began again at 0: eval_dir's points to step 900 are the old model's.
+  (tmp_path / 'eval').mkdir()
+  old = summaries.SummaryWriter(str(tmp_path / 'eval'))
+  old.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
+      tag='Precision @ 1', simple_value=0.9)]), 900)
+  old.close()
+  _untrained_checkpoint(mnist, mnist_input, tmp_path / 'train', 7)
+  options = _eval_options(tmp_path / 'train', tmp_path / 'eval', mnist_sample)
+  with tf.Graph().as_default():
+    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, 'train').close()
+  [moved] = [line for line in capsys.readouterr().out.splitlines() if 'moved' in line]
+  [replaced] = [p for p in os.listdir(tmp_path) if p.startswith('eval-replaced-')]
+  assert moved == ('%s held points up to global step 900, of a model since replaced: moved '
+                   'its 1 event files to %s. To see them beside the new: tensorboard '
+                   '--logdir_spec=new:%s,old:%s' % (
+                       tmp_path / 'eval', tmp_path / replaced, tmp_path / 'eval',
+                       tmp_path / replaced))
+  assert os.listdir(tmp_path / replaced) == [os.path.basename(old.path)]
+  assert len(helpers.event_files(tmp_path / 'eval')) == 1  # the new model's points alone
+  assert helpers.scalars(tmp_path / 'eval', 'Precision @ 1').keys() == {7}
 
 
 # dist_train.py --dataset=mnist: tests/test_dist_train.py's fp16 and float32 clusters.

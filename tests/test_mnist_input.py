@@ -210,7 +210,7 @@ def test_check_records_counts_whole_file_in_bounded_memory(tmp_path):
 
 
 def test_write_sample_hint_each_training_evaluated_into_its_own_eval_dir(tmp_path, capsys):
-  mnist_input.main(['--write_sample=%s' % (tmp_path / 'sample'), '--train_records=20',
-                    '--test_records=5'])
+  helpers.input_main(mnist_input, '--write_sample=%s' % (tmp_path / 'sample'),
+                     '--train_records=20', '--test_records=5')
   helpers.assert_each_training_evaluated_into_its_own_eval_dir(capsys.readouterr().out,
                                                                'mnist_eval.py')

@@ -6,6 +6,7 @@ import signal
 import socket
 import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import tensorflow as tf
 import cifar10
 import helpers
 import multi_gpu_train
-from training import checkpoints
+from training import checkpoints, input_data
 from training import settings as trainer_settings
 from training import errors
 from training.errors import TrainingError
@@ -522,6 +523,41 @@ def test_rerun_with_an_edited_constant_and_flag_says_what_changed_once(tmp_path,
       n for n in os.listdir(tmp_path) if n.startswith('run-'))[-2][4:]]
 
 
+def test_rerun_batch_size_edited_then_fresh_says_each_change_once_old_events_out_of_reach(
+    tmp_path, capsys, monkeypatch):
+  train_dir = tmp_path / 'train'
+
+  def run(batch_size, max_steps, fresh=False):
+    # As an edit of BATCH_SIZE at the top of the file makes it: DATASET_DEFAULTS follows.
+    monkeypatch.setattr(multi_gpu_train, 'BATCH_SIZE', batch_size)
+    monkeypatch.setitem(multi_gpu_train.DATASET_DEFAULTS, 'cifar10', dict(
+        multi_gpu_train.DATASET_DEFAULTS['cifar10'], batch_size=batch_size))
+    multi_gpu_train.train(helpers.trainer_settings(
+        str(train_dir), '', synthetic=True, batch_size=batch_size, max_steps=max_steps,
+        summary_steps=1, fresh=fresh), flag_values={'batch_size': batch_size,
+                                                    'max_steps': max_steps, 'fresh': fresh})
+    return capsys.readouterr().out.splitlines()
+
+  run(16, 1)
+  [changed] = [line for line in run(8, 2) if line.startswith('changed since')]
+  assert re.fullmatch(r'changed since run-\d{8}-\d{6}-step0\.json: BATCH_SIZE 16 -> 8 '
+                      r'\(multi_gpu_train\.py\); --max_steps 1 -> 2', changed), changed
+  lines = run(4, 1, fresh=True)
+  [moved] = [line for line in lines if line.startswith('--fresh: moved')]
+  replaced = re.search(r' to (\S+-replaced-\d{8}-\d{6}): ', moved).group(1)
+  assert os.path.dirname(replaced) == str(tmp_path), moved  # beside train_dir, not in it
+  assert ('TensorBoard no longer shows them under %s; to see the old run beside the new: '
+          'tensorboard --logdir_spec=new:%s,old:%s.' % (train_dir, train_dir, replaced)) in moved
+  [changed] = [line for line in lines if line.startswith('changed since')]
+  assert re.fullmatch(r'changed since %s/run-\d{8}-\d{6}-step1\.json: BATCH_SIZE 8 -> 4 '
+                      r'\(multi_gpu_train\.py\); --max_steps 2 -> 1' % re.escape(replaced),
+                      changed), changed
+  assert [os.path.relpath(d, train_dir) for d, _, files in os.walk(train_dir)
+          if any('tfevents' in f for f in files)] == ['.']  # TensorBoard's one run: the new
+  assert len(helpers.event_files(str(train_dir))) == 1
+  assert not [line for line in run(4, 1) if line.startswith('changed since')]  # nor --fresh
+
+
 def test_rerun_constant_edited_and_its_flag_given_says_the_flag_overrides_it(tmp_path, capsys,
                                                                             monkeypatch):
   def run(batch_size, given):
@@ -575,3 +611,13 @@ def _checked(*argv):
 ])
 def test_flag_out_of_range_stops_in_one_line_naming_it(flag, message):
   assert _checked(flag) == message
+
+
+def test_input_pipeline_64_towers_each_get_next_warns_nothing():
+  import cifar10_input
+  with tf.Graph().as_default(), warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    next_batch, _ = input_data.input_pipeline('', 64, 2, cifar10_input, synthetic=True)
+    batches = [next_batch() for _ in range(64)]  # one per tower, as train() builds them
+  assert len(set(images.name for images, _ in batches)) == 64
+  assert [str(w.message) for w in caught] == []

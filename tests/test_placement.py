@@ -67,12 +67,13 @@ def test_tower_devices_start_up_line_with_gpus_tensorflow_cannot_use_says_what_t
                            'CUDA: ') and INSTALL in advice, where
 
 
-def test_log_device_placement_two_towers_summed_up_per_device_after_tensorflows_lines(
-    tmp_path, capfd):
+def test_log_device_placement_two_towers_summary_is_the_last_placement_line(
+    sample, tmp_path, capfd):
   import multi_gpu_train  # the trainer's own session start, in this process
-  multi_gpu_train.train(helpers.trainer_settings(
-      str(tmp_path), '', num_gpus=2, batch_size=4, max_steps=1, summary_steps=0,
-      synthetic=True, session=placement.SessionOptions(log_device_placement=True)))
+  multi_gpu_train.train(helpers.trainer_settings(  # real data: the input's lines come late
+      str(tmp_path), sample.dir, data_md5=sample.md5, num_gpus=2, batch_size=4,
+      max_steps=1, summary_steps=0,
+      session=placement.SessionOptions(log_device_placement=True)))
   lines = capfd.readouterr().out.splitlines()
   placed = [i for i, line in enumerate(lines) if re.match(r'^\S+: \(\w+\): \S+$', line)]
   [summary] = [i for i, line in enumerate(lines) if line.startswith('placement: ')]

@@ -64,7 +64,7 @@ def test_changes_since_hostile_run_record_not_compared_in_one_line_without_waiti
     (float('nan'), 0.1, 'X nan -> 0.1 (m.py)'),
     ({'cifar10': {'batch_size': 128}}, {'cifar10': {'batch_size': 128}}, None),
     ({'cifar10': {'batch_size': 128}}, {'cifar10': {'batch_size': 64}},
-     "X {'cifar10': {'batch_size': 128}} -> {'cifar10': {'batch_size': 64}} (m.py)"),
+     "X['cifar10']['batch_size'] 128 -> 64 (m.py)"),  # the leaf edited, not the whole dict
 ], ids=['nan_same', 'nan_in_list_same', 'nan_edited', 'dict_same', 'dict_edited'])
 def test_changes_since_nan_equal_to_itself_and_dict_edits_reported(tmp_path, old, new, said):
   run_record.write_run_record(str(tmp_path), {'constants': {'m.py': {'X': old}}})

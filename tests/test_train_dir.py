@@ -78,7 +78,7 @@ def test_fresh_backup_directory_can_be_trained_from(sample, tmp_path, capsys):
   multi_gpu_train.train(helpers.trainer_settings(
       str(tmp_path), sample.dir, num_gpus=1, batch_size=8, max_steps=1, summary_steps=0,
       data_md5=sample.md5, fresh=True))
-  backup = re.search(r'to (\S+/replaced-\S+):', capsys.readouterr().out).group(1)
+  backup = re.search(r'to (\S+-replaced-\d{8}-\d{6}):', capsys.readouterr().out).group(1)
   _train(sample, backup, max_steps=6)
   assert 'Resuming from %s/model.ckpt-4 at step 4' % backup in capsys.readouterr().out
   assert helpers.global_step(backup) == 6

@@ -7,15 +7,12 @@
 
 Nothing here builds a model or reads flags. Errors are errors.TrainingError.
 """
-import fnmatch
 import os
 import re
-import shutil
-import time
 
 import tensorflow as tf
 
-from training.directory import entries, read_bounded, remove, write_whole
+from training.directory import entries, move_aside, read_bounded, remove, write_whole
 from training.errors import TrainingError, one_line, os_error
 
 
@@ -384,19 +381,21 @@ def save_if_finite(sess, saver, train_dir, step, keep, all_finite, model_name, l
 
 
 def set_aside(train_dir):
-  """--fresh: moves checkpoints and event files into train_dir/replaced-<time>/."""
-  found = sorted(name for name in entries(train_dir)
-                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES))
-  if not found:
-    return
-  dest = os.path.join(train_dir, 'replaced-' + time.strftime('%Y%m%d-%H%M%S'))
+  """--fresh: moves checkpoints, event files and run records into
+  <train_dir>-replaced-<time>/, beside train_dir: out of the reach of TensorBoard's
+  --logdir=train_dir, where the old model's curves would show as a run of the new one.
+  Returns that directory, or None when there was nothing to move."""
   try:
-    os.makedirs(dest)
-    for name in found:
-      shutil.move(os.path.join(train_dir, name), dest)
+    dest, found = move_aside(train_dir, RUN_FILES)
   except OSError as e:
-    raise TrainingError('--fresh cannot move the files of %s into %s: %s. Move them '
+    raise TrainingError('--fresh cannot move the files of %s aside: %s. Move them '
                         'yourself, or point --train_dir at an empty directory.'
-                        % (train_dir, dest, e.strerror or e)) from None
-  print('--fresh: moved %d files from %s to %s: %s. Delete that directory once you '
-        'no longer need them.' % (len(found), train_dir, dest, ', '.join(found)))
+                        % (train_dir, e.strerror or e)) from None
+  if dest is None:
+    return None
+  print('--fresh: moved %d files from %s to %s: %s. TensorBoard no longer shows them under '
+        '%s; to see the old run beside the new: tensorboard --logdir_spec=new:%s,old:%s. '
+        'Delete that directory once you no longer need them.'
+        % (len(found), train_dir, dest, ', '.join(found), train_dir, train_dir, dest))
+  return dest
+

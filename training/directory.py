@@ -8,12 +8,14 @@ runs/g1 and runs/g2. Messages name the flags a user would change (--train_dir,
 """
 import contextlib
 import errno
+import fnmatch
 import fcntl
 import json
 import os
 import re
 import shutil
 import stat
+import time
 
 from training import errors
 from training.errors import TrainingError
@@ -194,3 +196,18 @@ def remove(path):
   else:
     with contextlib.suppress(FileNotFoundError):
       os.remove(path)
+
+
+def move_aside(directory, patterns):
+  """Moves the files of `directory` whose names match one of `patterns` (fnmatch) into a
+  new <directory>-replaced-<date>-<time>/ beside it. Returns (that directory, the names
+  moved), or (None, []) when none match. Raises OSError."""
+  found = sorted(name for name in entries(directory)
+                 if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+  if not found:
+    return None, []
+  dest = '%s-replaced-%s' % (os.path.abspath(directory), time.strftime('%Y%m%d-%H%M%S'))
+  os.makedirs(dest)
+  for name in found:
+    shutil.move(os.path.join(directory, name), dest)
+  return dest, found

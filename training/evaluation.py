@@ -8,6 +8,7 @@ directory is only read: never written, locked or deleted.
 """
 import collections
 import datetime
+import fnmatch
 import os
 import shlex
 import signal
@@ -17,8 +18,9 @@ import time
 from absl import flags
 import tensorflow as tf
 
+import data_sets
 from training import input_data, machine
-from training import checkpoints, errors, settings, summaries
+from training import checkpoints, directory, errors, settings, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -227,11 +229,108 @@ def _data_flags(options):
   return ''.join(given)
 
 
+def _writer_for(eval_dir, step, writer, latest):
+  """The event writer for a point at `step` (summaries.SummaryWriter: a failed write is
+  a warning, once), and the latest step of eval_dir's points after it.
+
+  A step below the latest already there is a new model's (the trainer's --fresh began
+  again at 0): the old model's event files are moved beside eval_dir first, out of the
+  reach of TensorBoard's --logdir=eval_dir, and where they went is said.
+  """
+  if writer is None:
+    latest = _latest_step(eval_dir)
+  if latest is not None and step < latest:
+    if writer is not None:
+      writer.close()
+    try:
+      dest, found = directory.move_aside(eval_dir, [summaries.EVENT_FILES])
+    except OSError as e:
+      raise errors.EvalError('cannot move the old model\'s points in --eval_dir=%s aside: '
+                             '%s. Move its event files yourself, or give another --eval_dir.'
+                             % (eval_dir, e.strerror or e)) from None
+    print('%s held points up to global step %d, of a model since replaced: moved its %d '
+          'event files to %s. To see them beside the new: tensorboard '
+          '--logdir_spec=new:%s,old:%s' % (eval_dir, latest, len(found), dest, eval_dir, dest))
+    writer = latest = None
+  if writer is None:
+    os.makedirs(eval_dir, exist_ok=True)  # checked writable at start-up
+    writer = summaries.SummaryWriter(eval_dir)
+  return writer, max(step, latest or step)
+
+
+def _latest_step(eval_dir):
+  """The highest global step of the points in eval_dir's event files; None for none.
+  A file cut short counts for the points it holds whole."""
+  latest = None
+  for name in sorted(directory.entries(eval_dir)):
+    if fnmatch.fnmatchcase(name, summaries.EVENT_FILES):
+      try:
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, name)):
+          if event.HasField('summary'):
+            latest = max(event.step, latest or event.step)
+      except (tf.errors.OpError, OSError):
+        pass
+  return latest
+
+
+def _elsewhere(e, path, model):
+  """What to do with a checkpoint that would not restore into the model: nothing more
+  for a damaged one; the program for the network it holds; else the trainer's dir."""
+  if checkpoints.damaged(e):
+    return ''
+  try:
+    held = network_held(tf.train.load_checkpoint(path).get_variable_to_shape_map(),
+                        other_than=model)
+  except (tf.errors.OpError, ValueError):  # gone or unreadable since: said as it was
+    held = None
+  if held:
+    return ' It holds the %s network: evaluate it with %s_eval.py.' % (held, held)
+  return ' Point --checkpoint_dir at the trainer\'s --train_dir.'
+
+
+def network_held(found, other_than=None):
+  """The name of the data set ('cifar10', 'mnist') whose network a checkpoint holds,
+  every moving average by name and shape; None when it holds no network of ours.
+
+  Args:
+    found: {name: shape} of the checkpoint (its get_variable_to_shape_map()).
+    other_than: the model package that did not fit, not tried again.
+  """
+  for name, data in sorted(data_sets.DATASETS.items()):
+    if data.model is not other_than and not mismatch(
+        network_variables(data.model, data.input), found):
+      return name
+  return None
+
+
+def network_variables(model, data_input):
+  """{checkpoint name: variable} of the model's moving averages, as the evaluation
+  restores them, in a throwaway graph."""
+  with tf.Graph().as_default():
+    images, _ = tf.compat.v1.data.make_one_shot_iterator(
+        data_input.synthetic_dataset(1)).get_next()
+    model.inference(images)
+    return tf.compat.v1.train.ExponentialMovingAverage(
+        model.MOVING_AVERAGE_DECAY).variables_to_restore()
+
+
+def mismatch(to_restore, found):
+  """The first moving average the checkpoint lacks or holds in another shape, in words;
+  None when it holds them all. to_restore: {name: variable}; found: {name: shape} of
+  the checkpoint."""
+  for name, var in sorted(to_restore.items()):
+    if name not in found:
+      return 'it has no %s' % name
+    if found[name] != var.shape.as_list():
+      return '%s is %s there, %s in the network' % (name, found[name], var.shape.as_list())
+  return None
+
+
 def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
   averages = 'moving averages' if options.use_moving_averages else 'raw weights'
-  writer, last_path, waited, went_away = None, None, False, None
+  writer, last_path, waited, went_away, latest = None, None, False, None, None
   while True:
     path = latest_checkpoint(options.checkpoint_dir)
     if path is None and options.run_once:
@@ -252,19 +351,16 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         # The trainer deletes old checkpoints as new ones land, after naming the new
         # one in the state file: the newest will do.
         if not checkpoints.rotated_away(path, went_away):
-          elsewhere = ('' if checkpoints.damaged(e) else
-                       ' Point --checkpoint_dir at the trainer\'s --train_dir.')
           raise errors.EvalError('cannot restore %s into the %s model: %s%s' % (
-              path, model.__name__, checkpoints.restore_error(e), elsewhere)) from None
+              path, model.__name__, checkpoints.restore_error(e),
+              _elsewhere(e, path, model))) from None
         went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
             'cross-entropy %.6g)' % (datetime.datetime.now(), precision, step, count,
                                      options.eval_data, averages, loss))
       sys.stdout.flush()
-      if writer is None:  # summaries.SummaryWriter: a failed write is a warning, once
-        os.makedirs(options.eval_dir, exist_ok=True)  # checked writable at start-up
-        writer = summaries.SummaryWriter(options.eval_dir)
+      writer, latest = _writer_for(options.eval_dir, step, writer, latest)
       writer.add_summary(tf.compat.v1.Summary(value=[
           tf.compat.v1.Summary.Value(tag='Precision @ 1', simple_value=precision),
           # The trainer's tag: TensorBoard draws the test set's beside the training one.

@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import tensorflow as tf
 from tensorflow.python.util import deprecation
@@ -472,7 +473,21 @@ def input_pipeline(data_dir, num_gpus, batch_size, data_input, synthetic=False, 
       return lambda: next(towers), tf.group(load_records, iterator.initializer)
     dataset = train_dataset(data_input, data_dir, batch_size, synthetic)
     iterator = tf.compat.v1.data.make_initializable_iterator(closing_at_once(dataset))
-    return iterator.get_next, iterator.initializer
+    return towers_get_next(iterator), iterator.initializer
+
+
+def towers_get_next(iterator):
+  """iterator.get_next, for each tower to call once while the graph is built.
+
+  Past 32 calls (--num_gpus=64) TensorFlow warns of get_next() called in a training
+  loop, which this is not: each call is one tower's input op, built once.
+  """
+  def get_next():
+    with warnings.catch_warnings():
+      warnings.filterwarnings('ignore', message='An unusually high number of '
+                              '`Iterator.get_next\\(\\)` calls', category=UserWarning)
+      return iterator.get_next()
+  return get_next
 
 
 def train_dataset(data_input, data_dir, batch_size, synthetic):
@@ -485,7 +500,7 @@ def train_dataset(data_input, data_dir, batch_size, synthetic):
 def worker_batches(data_input, data_dir, batch_size, synthetic):
   """dist_train.py's input: a function that returns a worker's next batch's tensors."""
   dataset = train_dataset(data_input, data_dir, batch_size, synthetic)
-  return tf.compat.v1.data.make_one_shot_iterator(closing_at_once(dataset)).get_next
+  return towers_get_next(tf.compat.v1.data.make_one_shot_iterator(closing_at_once(dataset)))
 
 
 def eval_batches(data_input, eval_data, data_dir, batch_size):

@@ -97,39 +97,78 @@ PLACEMENT_LINE = re.compile(r'^\S+: \(\w+\): (\S+)$')  # TensorFlow's: name: (Op
 
 
 @contextlib.contextmanager
-def placement_summed_up(log_device_placement):
+def placement_summed_up(sess, log_device_placement):
   """With --log_device_placement, one line after TensorFlow's placement lines that sums
   them up per device: 'placement: /cpu:0 1272 ops, /cpu:1 185 ops (the lines above)'.
 
-  TensorFlow prints a line per op of the graph (C's stdout) when a session first runs
-  it: wrap the session's first runs (initialising or restoring). What is printed
-  inside goes to a file first and then on to stdout as it was, in order; nothing
-  is changed without the flag.
+  TensorFlow prints a line per op (C's stdout) when a session first runs it: in the
+  session's first runs (initialising or restoring) and in the first step, where the
+  input pipeline's functions are placed. Enter this block once the session is open;
+  it yields arm(), to call once the session is initialised: the lines are then summed
+  up after the next sess.run (the first step), or when the block ends, whichever
+  comes first. What is printed meanwhile goes to a file first and then on to stdout
+  as it was, in order; nothing is changed without the flag.
   """
   if not log_device_placement:
-    yield
+    yield lambda: None
     return
+  stop_capture = _capture_stdout()
+  summed = []
+
+  def sum_up():
+    if not summed:
+      summed.append(_summary(stop_capture()))
+      print(summed[0])
+
+  def first_step(*args, **kwargs):
+    del sess.run  # the session's own run again, for every later step
+    try:
+      return session_run(*args, **kwargs)
+    finally:
+      sum_up()
+
+  session_run = sess.run
+
+  def arm():
+    sess.run = first_step
+  try:
+    yield arm
+  finally:
+    if 'run' in vars(sess):
+      del sess.run
+    sum_up()
+
+
+def _capture_stdout():
+  """Points file descriptor 1 at a temporary file; returns stop(), which points it back,
+  writes out what was captured and returns it as text."""
   sys.stdout.flush()
   saved_stdout = os.dup(1)
-  with tempfile.TemporaryFile() as captured:
-    os.dup2(captured.fileno(), 1)
-    try:
-      yield
-    finally:
-      sys.stdout.flush()
-      ctypes.CDLL(None).fflush(None)  # TensorFlow's lines, buffered in C's stdio
-      os.dup2(saved_stdout, 1)
-      os.close(saved_stdout)
+  captured = tempfile.TemporaryFile()
+  os.dup2(captured.fileno(), 1)
+
+  def stop():
+    sys.stdout.flush()
+    ctypes.CDLL(None).fflush(None)  # TensorFlow's lines, buffered in C's stdio
+    os.dup2(saved_stdout, 1)
+    os.close(saved_stdout)
+    with captured:
       captured.seek(0)
       text = captured.read().decode('utf-8', 'replace')
-      sys.stdout.write(text)
-      sys.stdout.flush()
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return text
+  return stop
+
+
+def _summary(text):
+  """The placement line of the captured text."""
   counts = collections.Counter()
   for line in text.splitlines():
     placed = PLACEMENT_LINE.match(line)
     if placed:
       spec = tf.DeviceSpec.from_string(placed.group(1))
       counts['/%s:%d' % (spec.device_type.lower(), spec.device_index)] += 1
-  print('placement: %s (the lines above, per device)' % ', '.join(
+  return ('placement: %s (the lines above, per device)' % ', '.join(
       '%s %d ops' % (device, counts[device]) for device in sorted(counts)) if counts else
       'placement: TensorFlow printed no placement lines')

@@ -16,6 +16,7 @@ from training.errors import TrainingError, one_line
 
 RECORD_NAME = re.compile(r'^run-\d{8}-\d{6}-step\d+\.json$')  # write_run_record's names
 RECORD_MAX_BYTES = 1 << 20  # a record has a few KB; a larger file is not compared with
+NOT_COMPARED = ('fresh',)   # flags that say what a run does, in lines of their own
 
 
 def constants_of(module):
@@ -96,16 +97,17 @@ def data_read(data_input, settings):
   return source
 
 
-def write_and_compare(train_dir, record):
+def write_and_compare(train_dir, record, replaced=None):
   """Writes the run's record and says where; then, when an earlier run's record is
-  there, what this run changed (an edited constant, another flag), in one line."""
-  changed = changes_since(train_dir, record)
+  there (or in `replaced`, where --fresh moved the run it replaces), what this run
+  changed (an edited constant, another flag), in one line."""
+  changed = changes_since(replaced or train_dir, record, named_whole=bool(replaced))
   print('Run record: %s' % write_run_record(train_dir, record))
   if changed:
     print(changed)
 
 
-def changes_since(train_dir, record):
+def changes_since(train_dir, record, named_whole=False):
   """'changed since run-<...>.json: NAME old -> new (file); --flag old -> new', naming
   what differs from the newest run record already in train_dir; None when nothing
   does, or there is no earlier record. A file of that name that is no record to read
@@ -114,6 +116,7 @@ def changes_since(train_dir, record):
 
   A constant whose flag was given on the command line (record['flags_given']) says
   so: 'BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by --batch_size=32'.
+  named_whole: the record is named by its path (one --fresh moved), not its name.
   """
   previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
                                       else []) if RECORD_NAME.match(name))
@@ -128,21 +131,58 @@ def changes_since(train_dir, record):
   if not isinstance(old, dict):  # JSON, but not a run record
     return None
   new = json.loads(json.dumps(record))  # tuples as lists, as the file has them
-  changes = []
+  changes, edits = [], []
   old_constants = _as_dict(old.get('constants'))
   for source, constants in new.get('constants', {}).items():
-    for name, value in constants.items():
-      was = _as_dict(old_constants.get(source)).get(name, value)
-      if _differs(was, value):
-        changes.append('%s %s -> %s (%s)%s' % (name, _shown(was), _shown(value), source,
-                                               _overridden(name, new)))
+    source_edits = _edited(_as_dict(old_constants.get(source)), constants)
+    changes += ['%s %s -> %s (%s)%s' % (name, _shown(was), _shown(value), source,
+                                        _overridden(name, new))
+                for name, was, value in source_edits]
+    edits += source_edits
   old_flags = _as_dict(old.get('flags'))
   for name, value in new.get('flags', {}).items():
-    if name in old_flags and old_flags[name] != value:
+    if name not in old_flags or name in NOT_COMPARED or not _differs(old_flags[name], value):
+      continue
+    if not (name not in new.get('flags_given', ()) and any(  # the default its constant gave
+        _flag_of(constant, new) == name and not _differs(was, old_flags[name]) and
+        not _differs(now, value) for constant, was, now in edits)):
       changes.append('--%s %s -> %s' % (name, _shown(old_flags[name]), _shown(value)))
   if not changes:
     return None
-  return 'changed since %s: %s' % (previous[-1], '; '.join(changes))
+  return 'changed since %s: %s' % (path if named_whole else previous[-1], '; '.join(changes))
+
+
+def _edited(old, new):
+  """[(name, old value, new value)] of the constants edited between two runs, in the
+  order of `new`; a dict's leaves one by one (DATASET_DEFAULTS['cifar10']['batch_size']),
+  but not a leaf that only follows an edited constant: the dict is made of them."""
+  edited = [(name, old.get(name, value), value) for name, value in new.items()
+            if not isinstance(value, dict) and not isinstance(old.get(name), dict) and
+            _differs(old.get(name, value), value)]
+  named = [(was, value) for _, was, value in edited]
+  for name, value in new.items():
+    if isinstance(value, dict) or isinstance(old.get(name), dict):
+      was_leaves, leaves = _leaves(old.get(name, value)), _leaves(value)
+      for path in sorted(set(was_leaves) | set(leaves)):
+        was, now = was_leaves.get(path, ABSENT), leaves.get(path, ABSENT)
+        if _differs(was, now) and not any(not _differs(was, w) and not _differs(now, v)
+                                          for w, v in named):
+          edited.append((name + path, was, now))
+  return edited
+
+
+ABSENT = '(absent)'  # a dict's key that one of two runs does not have
+
+
+def _leaves(value, path=''):
+  """{path: value} of each leaf of a constant: {'': value} for a number or string,
+  {"['cifar10']['batch_size']": 128, ...} for a dict."""
+  if not isinstance(value, dict):
+    return {path: value}
+  leaves = {}
+  for key, item in value.items():
+    leaves.update(_leaves(item, '%s[%s]' % (path, _shown(key).replace('"', "'"))))
+  return leaves
 
 
 def _differs(was, value):
@@ -159,17 +199,23 @@ def _differs(was, value):
 
 def _overridden(constant, record):
   """', overridden by --batch_size=32' when the flag that takes its default from
-  `constant` (BATCH_SIZE, or MNIST_BATCH_SIZE in an --dataset=mnist run) was given on
-  the command line; else ''."""
+  `constant` was given on the command line; else ''."""
+  name = _flag_of(constant, record)
+  if name is None or name not in record.get('flags_given', ()):
+    return ''
+  value = record['flags'][name]
+  return ', overridden by --%s=%s' % (name, value if isinstance(value, str) else _shown(value))
+
+
+def _flag_of(constant, record):
+  """The flag of the record's run that takes its default from `constant` (BATCH_SIZE,
+  or MNIST_BATCH_SIZE in an --dataset=mnist run: 'batch_size'); None if none does."""
   flag_values = _as_dict(record.get('flags'))
   name = constant.lower()
   prefix = '%s_' % flag_values.get('dataset')
   if name.startswith(prefix):
     name = name[len(prefix):]
-  if name not in record.get('flags_given', ()) or name not in flag_values:
-    return ''
-  value = flag_values[name]
-  return ', overridden by --%s=%s' % (name, value if isinstance(value, str) else _shown(value))
+  return name if name in flag_values else None
 
 
 def _as_dict(value):

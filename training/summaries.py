@@ -17,6 +17,8 @@ from training.errors import os_error
 LOSS_TAGS = '1_loss/'          # total_loss, cross_entropy, and each tower's
 TRAINING_TAGS = '2_training/'  # learning_rate, examples_per_sec, loss_scale (--use_fp16)
 
+EVENT_FILES = 'events.out.tfevents.*'  # new_event_file's names, and TensorFlow's
+
 
 def text_summary(tag, record):
   """A TensorBoard text summary showing `record` as indented JSON."""

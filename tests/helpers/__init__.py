@@ -27,5 +27,5 @@ from helpers.clusters import (QUICK_FLAGS, STEADY_FLAGS, fake_nvidia_smi, job_co
                               local_cluster_task, run_job, run_local_cluster, tf_config)
 from helpers.hostile import (HOSTILE_FILES, drip, make_hostile, returns_within, serve,
                              serve_stream, unblock_fifo)
-from helpers.in_process import (bfloat16_units, one_train_step, trainer_flags,
+from helpers.in_process import (bfloat16_units, input_main, one_train_step, trainer_flags,
                                 trainer_settings)

@@ -16,6 +16,16 @@ def trainer_settings(train_dir, data_dir, **given):
   return Settings(str(train_dir), data_dir, **dict(knobs, **given))
 
 
+def input_main(module, *flags_given):
+  """An input program's main (cifar10_input, mnist_input) in this process, as absl calls it:
+  its flags parsed from flags_given onto a FlagValues of their own (absl refuses an
+  unknown one with flags.Error)."""
+  from absl import flags
+  flag_values = flags.FlagValues()
+  module.define_flags(flag_values)
+  module.main(flag_values(['%s.py' % module.__name__] + list(flags_given)), flag_values)
+
+
 def trainer_flags(*argv):
   """multi_gpu_train.py's flags parsed from argv, on flags of their own (not absl's
   global FLAGS), the data set's defaults applied: what check_trainer_flags reads."""
