@@ -151,7 +151,7 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
     if wanted == forkserver.import_environment(argv, user_env()):
       STARTS['forked runs'] += 1
       return forkserver.Forked(_server(wanted), argv, env, cwd, new_session, file_size_limit)
-  if argv[0] == sys.executable:
+  if sys.executable in argv:  # this Python, itself or under a wrapper (prlimit)
     STARTS['fresh interpreters'] += 1
   preexec = file_size_limit and (lambda: resource.setrlimit(
       resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit)))
