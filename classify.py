@@ -31,8 +31,21 @@ try:  # in this project: TensorFlow's start-up notices kept to the log level, on
   if __name__ == '__main__':
     prelude.answer_help(sys.argv)  # --help exits 0, --helpshort lists --model_dir alone
   prelude.import_tensorflow()
-except ImportError:  # copied beside a model elsewhere: TensorFlow as it comes
-  pass
+except ImportError:  # copied beside a model elsewhere, without prelude's filter: the
+  import tempfile     # notices TensorFlow prints as it loads, before it reads the level,
+  with tempfile.TemporaryFile() as _held:  # are held in a file, shown if it fails to load
+    _stderr = os.dup(2)
+    os.dup2(_held.fileno(), 2)
+    try:
+      import tensorflow  # noqa: F401
+    except BaseException:
+      os.dup2(_stderr, 2)
+      _held.seek(0)
+      os.write(2, _held.read())
+      raise
+    finally:
+      os.dup2(_stderr, 2)
+      os.close(_stderr)
 
 from absl import app
 from absl import flags

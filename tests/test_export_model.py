@@ -598,6 +598,19 @@ def test_classify_model_dir_not_a_saved_model_one_line_exit_1(tmp_path, monkeypa
 
 
 @pytest.mark.xdist_group('export')
+@pytest.mark.xdist_group('export')
+def test_classify_copied_elsewhere_prints_no_tensorflow_start_up_line(exported, tmp_path):
+  # Before: TensorFlow's 6 lines as it loads (oneDNN, cuda drivers, CPU instructions).
+  shutil.copy(os.path.join(helpers.ROOT, 'classify.py'), tmp_path)
+  image = tmp_path / 'cat.png'
+  image.write_bytes(tf.io.encode_png(tf.zeros([32, 32, 3], tf.uint8)).numpy())
+  done = helpers.run([sys.executable, '-I', str(tmp_path / 'classify.py'),
+                      '--model_dir=%s' % exported.export_dir, str(image)],
+                     cwd=str(tmp_path), env=helpers.user_env(PYTHONPATH=None), fresh=True)
+  assert done.code == 0 and done.out.startswith('%s: ' % image), done.log()
+  assert done.err == '', done.log()
+
+
 def test_classify_model_with_variables_cut_short_names_tensorflows_cause(exported, tmp_path):
   # Before: `cannot load the SavedModel ...: Graph execution error:`, the cause unsaid.
   model = tmp_path / 'model'
