@@ -134,9 +134,9 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
   """
   stop = stop or steps.NEVER
   data = data_sets.DATASETS[settings.dataset]
-  with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir; its failure
+  with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input, stop)
-    exit_stack.enter_context(worker_end.chief_failure_ends_the_job(run))  # ends the ps
+    exit_stack.enter_context(worker_end.chief_failure_ends_the_job(run))  # the ps's too
     mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
             if worker.sync_replicas else worker_updates.AsyncUpdates(run))
     record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
