@@ -7,8 +7,9 @@ numpy and absl once, and forks each program from there:
 
     server (python forkserver.py SOCKET): single-threaded, no session or server made
       -> fork -> the child takes the request's argv, environment, working directory,
-                 standard streams, session and file-size limit, and Python's own signal
-                 dispositions, then runs the script as __main__, as `python script.py`.
+                 standard streams (stdin /dev/null), session and file-size limit, and
+                 Python's own signal dispositions, then runs the script as __main__, as
+                 `python script.py`.
 
 A child is a real process: its own pid, signalled and killed like any other (in a
 session of its own when asked), its exit status read by the server, its parent, and
@@ -123,14 +124,15 @@ class Forked:
     self.args, self.returncode = argv, None
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    self._conn = server.connect()
+    null = os.open(os.devnull, os.O_RDONLY)  # stdin: no program reads one, and a test
+    self._conn = server.connect()             # process's own may be xdist's channel
     request = dict(argv=list(map(str, argv)), env=env, cwd=str(cwd), new_session=new_session,
                    file_size_limit=file_size_limit)
     try:
-      socket.send_fds(self._conn, [json.dumps(request).encode()], [0, out_write, err_write])
+      socket.send_fds(self._conn, [json.dumps(request).encode()], [null, out_write, err_write])
     finally:
-      os.close(out_write)
-      os.close(err_write)
+      for fd in (null, out_write, err_write):
+        os.close(fd)
     answer = self._conn.recv(64)
     if not answer.startswith(b'pid '):
       raise AssertionError('the fork server did not start %s (%r); its log: %s'
