@@ -207,10 +207,10 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
 def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
   """Starts every task, the ps tasks first, into tasks ({'ps0': Popen}), each relayed.
 
-  Fresh interpreters, each loading TensorFlow (about 3 s of CPU), as a user's tasks on
-  real machines: forked from this launcher, which has loaded it, each would start in
-  0.1 s, but `ps` would show this launcher's command line for all of them, and each
-  would inherit its parsed flags and handlers.
+  Fresh interpreters, each loading TensorFlow, as a user's tasks on real machines:
+  forked from this launcher, which has loaded it, they would start sooner
+  (docs/tests.md has the figures), but `ps` would show this launcher's command line
+  for all of them, and each would inherit its parsed flags and handlers.
   One process group of their own: a Ctrl-C in the terminal reaches this launcher
   alone, which stops the tasks in order. They die with it (die_with); the variable
   marks them as its tasks.
@@ -226,8 +226,8 @@ def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
           preexec_fn=die_with(os.getpid()))
       relay.start(name, tasks[name].stdout)
   # Silent otherwise until the first task's first line.
-  print('local cluster: started %d tasks; each loads TensorFlow (about 3 s of CPU) '
-        'before its first line' % len(tasks), flush=True)
+  print('local cluster: started %d tasks; each loads TensorFlow before its first line'
+        % len(tasks), flush=True)
 
 
 def stop_workers(tasks, stop):

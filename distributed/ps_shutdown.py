@@ -18,7 +18,8 @@ without a word must not keep the ps tasks waiting forever; the chief speaks for
 the job. A chief that gives up (an error: exit 1, or 138 for a peer gone) says so
 too, with its exit code, and the ps tasks end at once with the same code: a job
 whose chief failed has nothing left to serve, and an orchestrator that restarts
-on that code restarts them with it. Both sides build the same queue, by name (shared_name) on the same
+on that code restarts them with it. Both sides build the same queue, by name
+(shared_name) on the same
 device, /job:ps/task:i, so they reach the same one in the ps task's memory.
 
 A job stopped whole (Slurm's scancel, a time limit, a Kubernetes job deleted) signals

@@ -32,7 +32,7 @@ import time
 import tensorflow as tf
 
 from distributed import worker_sessions
-from training import errors, mixed_precision, run_record
+from training import errors, input_data, mixed_precision, run_record
 
 # The flags that change what an update computes. Not --num_gpus (machines differ, and
 # its effect on the schedule is compared as decay_steps) nor the directories and waits.
@@ -44,7 +44,6 @@ STOP_TOGETHER_SECS = 8       # stopping, the chief waits this long for the other
                              # worker_sessions.STOPPED_WORKER_SECS, and the 30 s grace)
 POLL_SECS = 0.2
 SHOWN_DIFFERENCES = 3
-MD5_CHUNK_BYTES = 1 << 20
 
 
 def describe(settings, worker, data, decay_steps, graph_def):
@@ -64,18 +63,9 @@ def describe(settings, worker, data, decay_steps, graph_def):
   described['decay_steps'] = decay_steps  # from --batch_size and the towers, per update
   if not settings.synthetic:
     for path in data.input.train_files(settings.data_dir):
-      described['md5 of %s' % os.path.basename(path)] = file_md5(path)
+      described['md5 of %s' % os.path.basename(path)] = input_data.md5_of(path)
   described[GRAPH] = graph_fingerprint(graph_def, '%s_0/' % data.model.TOWER_NAME)
   return described
-
-
-def file_md5(path):
-  """The md5 of a file's bytes, in hex (a relabelled copy differs; its name and size not)."""
-  digest = hashlib.md5()
-  with tf.io.gfile.GFile(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(MD5_CHUNK_BYTES), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def graph_fingerprint(graph_def, scope):

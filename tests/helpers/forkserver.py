@@ -1,7 +1,7 @@
 """The programs the tests run, started from an imported TensorFlow: a fork server.
 
-A program spends about 3 s of CPU importing TensorFlow before its first line, and the
-suite runs a few hundred of them. So, as TensorFlow's own multi-process tests do (a
+A program spends seconds of CPU importing TensorFlow before its first line (figures:
+docs/tests.md), and the suite runs a few hundred of them. So, as TensorFlow's own multi-process tests do (a
 forkserver whose preload imports TensorFlow), a server process imports tensorflow,
 numpy and absl once, and forks each program from there:
 
@@ -161,9 +161,6 @@ class Forked:
   def send_signal(self, signum):
     if self.poll() is None:
       os.kill(self.pid, signum)
-
-  def terminate(self):
-    self.send_signal(signal.SIGTERM)
 
   def kill(self):
     self.send_signal(signal.SIGKILL)
