@@ -248,9 +248,11 @@ def build(run, mode, settings, worker, data, epoch, examples_per_update, record)
     with tf.compat.v1.device(placement.place('/cpu:0', '')):  # this worker's CPU
       snapshot = loss_scale and mixed_precision.read_once(loss_scale)
     # variables_device '': replica_device_setter puts the variables on the ps tasks.
-    towers = build_towers(next_batch, run.devices, opt, model, variables_device='',
-                          loss_scale=snapshot, dtype=mixed_precision.compute_dtype(
-                              settings.use_fp16, settings.use_bf16))
+    with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                     partitioner=ps_placement.partitioner(len(run.ps_hosts))):
+      towers = build_towers(next_batch, run.devices, opt, model, variables_device='',
+                            loss_scale=snapshot, dtype=mixed_precision.compute_dtype(
+                                settings.use_fp16, settings.use_bf16))
     with tf.compat.v1.device(placement.place('/cpu:0', '')):
       grads = average_gradients(towers.grads)
       fp16 = None

@@ -434,23 +434,55 @@ def test_tower_reads_each_variable_from_the_ps_once_a_step(model_name):
     assert len(sent) == 1, (var.name, [(r.name, [c.name for c in r.consumers()]) for r in sent])
 
 
-def test_variables_dealt_to_the_ps_tasks_by_size_and_said_at_start_up():
+@pytest.mark.parametrize('num_ps, most', [(2, 0.55), (4, 0.30)])
+def test_variables_split_and_dealt_to_the_ps_tasks_by_size_and_said_at_start_up(num_ps, most):
   """replica_device_setter's round robin put every weight of the model on ps 1 (4.27 of
-  4.27 MB) and every bias on ps 0; by size, the task holding local3/weights (83% of the
-  bytes) takes only what keeps it least loaded at the time."""
-  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:1', '127.0.0.1:2'],
-                                  'worker': ['127.0.0.1:3']})
+  4.27 MB) and every bias on ps 0; dealt by size but whole, the task holding
+  local3/weights held 83% of the bytes however many ran. Split, it holds its share."""
+  cluster = tf.train.ClusterSpec({'ps': ['127.0.0.1:%d' % (i + 1) for i in range(num_ps)],
+                                  'worker': ['127.0.0.1:9']})
   with tf.Graph().as_default():
     with tf.compat.v1.device(ps_placement.replica_devices(cluster, 0)):
       tf.compat.v1.train.get_or_create_global_step()
-      with tf.name_scope('tower_0') as scope:
+      with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                       partitioner=ps_placement.partitioner(num_ps)), \
+          tf.name_scope('tower_0') as scope:
         multi_gpu_train.tower_loss(scope, tf.zeros([2, 24, 24, 3]), tf.zeros([2], tf.int32))
-    placed = {var.op.name: var.device for var in tf.compat.v1.trainable_variables()}
-    said = ps_placement.bytes_by_ps_task(2)
-  assert {name for name, device in placed.items() if device == '/job:ps/task:1'} == {
-      'conv1/weights', 'conv2/biases', 'local3/weights'}
-  assert set(placed.values()) == {'/job:ps/task:0', '/job:ps/task:1'}
-  assert said == ' (ps0 0.71 MB, ps1 3.56 MB)'
+    variables = tf.compat.v1.trainable_variables()
+    said = ps_placement.bytes_by_ps_task(num_ps)
+  held = [sum(var.shape.num_elements() * 4 for var in variables
+              if var.device == '/job:ps/task:%d' % task) for task in range(num_ps)]
+  assert sum(held) == 1068298 * 4 and max(held) <= most * sum(held), held
+  assert said == ' (%s)' % ', '.join('ps%d %.2f MB' % (task, size / 1e6)
+                                     for task, size in enumerate(held))
+  parts = [var for var in variables if var.op.name.startswith('local3/weights/part_')]
+  assert len(parts) == num_ps and len({var.device for var in parts}) == num_ps, parts
+
+
+def test_one_ps_task_leaves_the_variables_whole():
+  assert ps_placement.partitioner(1) is None and ps_placement.bytes_by_ps_task(1) == ''
+
+
+@pytest.mark.slow
+def test_checkpoint_of_split_variables_is_the_models_whatever_reads_it(tasks, sample,
+                                                                      tmp_path):
+  """Saved by 2 ps tasks, each split variable is one tensor under its own name: a job
+  of 4 ps tasks resumes from it, and so do multi_gpu_train.py and cifar10_eval.py."""
+  train_dir = tmp_path / 'train'
+  run_job(tasks, 2, 1, train_dir, *sample.flags, '--max_steps=2', '--summary_steps=0')
+  saved = helpers.checkpoint(train_dir)
+  assert saved['local3/weights'].shape == (2304, 384) and not [
+      name for name in saved if 'part_' in name], sorted(saved)
+  logs = run_job(tasks, 4, 1, train_dir, *sample.flags, '--max_steps=4', '--summary_steps=0')
+  assert [m.groups() for m in matches(RESUMING_LINE, logs['worker0'])] == [('2', '2')], logs
+  resumed = helpers.run(['multi_gpu_train.py', '--train_dir=%s' % train_dir, '--max_steps=5',
+                         '--batch_size=8', '--summary_steps=0'] + sample.flags)
+  assert resumed.code == 0 and [m.groups() for m in matches(
+      RESUMING_LINE, resumed.out.splitlines())] == [('4', '4')], resumed.log()
+  scored = helpers.run(['cifar10_eval.py', '--run_once', '--checkpoint_dir=%s' % train_dir,
+                        '--eval_dir=%s' % (tmp_path / 'eval')] + sample.flags)
+  assert scored.code == 0 and matches(helpers.PRECISION_LINE, scored.out.splitlines()), (
+      scored.log())
 
 
 def test_moving_averages_computed_on_the_ps_task_of_their_variable():
