@@ -39,9 +39,11 @@ import tensorflow as tf
 GRACE_SECS = 30            # after the chief reports, the ps tasks wait this long for the rest
 POLL_SECS = 0.5            # a ps task looks at its queue this often; a stop is seen as often
 REPORT_TIMEOUT_SECS = 30   # a worker gives up saying it has finished to a ps that is gone
-STOP_WAIT_SECS = 20        # a ps task asked to stop serves the chief's save this long at most:
-                           # well inside the 30 s Slurm (KillWait) and Kubernetes
-                           # (terminationGracePeriodSeconds) give before SIGKILL
+STOP_WAIT_SECS = 15        # a ps task asked to stop serves the chief's save this long at most
+                           # (the chief's stop takes at most run_match.STOP_TOGETHER_SECS and
+                           # its save), then exits: inside the 30 s Slurm (KillWait) and
+                           # Kubernetes (terminationGracePeriodSeconds) give before SIGKILL,
+                           # with room for the exit of a task on a loaded machine
 OTHERS_STOP_SECS = 15      # ... then the other workers' last steps and closes this long at
                            # most (a worker closing on a ps task gone would hang there)
 
