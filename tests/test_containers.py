@@ -46,7 +46,7 @@ LABEL = 'cifar10-test-pod'          # on every container the tests make
 NETWORK = 'cifar10-test-pods'
 SUBNET = '172.31.231.0/24'          # the pods' addresses: .10, .11, ...
 DEFAULT_GRACE_SECS = 30             # Kubernetes' terminationGracePeriodSeconds
-MAX_STEPS = 150
+MAX_STEPS = 60
 # CIFAR-10 on the sample, 8 images a step: about 20 async steps a second here.
 RUN_FLAGS = ['--batch_size=8', '--log_frequency=1', '--save_every_n_steps=10',
              '--summary_steps=0', '--max_steps=%d' % MAX_STEPS, '--eval_interval_secs=1']
@@ -202,7 +202,7 @@ def wait_for_exits(env, pods, timeout=helpers.RUN_TIMEOUT_SECS):
       return codes
     assert time.time() < deadline, 'still running after %d s: %s' % (
         timeout, [p.name for p, c in zip(pods, codes) if c is None])
-    time.sleep(1)
+    time.sleep(0.5)
 
 
 def job_log(env, pods):
@@ -223,15 +223,15 @@ def wait_for_checkpoint(env, pods, chief, step):
     time.sleep(0.5)
 
 
-@pytest.mark.parametrize('job', [tfjob_pods, jobset_pods], ids=['tfjob', 'jobset'])
-def test_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resume(
-    image, tmp_path, sample, job):
-  pods, chief_index = job()
+def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resume(
+    image, tmp_path, sample):
+  pods, chief_index = tfjob_pods()
   chief = pods[chief_index]
   shared = start_job(image, pods, tmp_path, sample)
   wait_for_checkpoint(image, pods, chief, 10)
   took = stop_like_kubelet(image, pods)
   codes = wait_for_exits(image, pods)
+  # The evaluator too: it was 137, SIGTERM dropped by its PID 1 until the grace's SIGKILL.
   assert codes == [143] * len(pods), (codes, job_log(image, pods))
   assert took < min(pod.grace for pod in pods), (took, job_log(image, pods))
   first_run = [len(lines) for lines in chief.logs(image)]
@@ -246,4 +246,17 @@ def test_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resu
   rerun = sum((lines[n:] for lines, n in zip(chief.logs(image), first_run)), [])
   assert matches(RESUMING_LINE, rerun)[0].groups() == (str(step), str(step)), job_log(
       image, pods)
+  assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
+
+
+def test_jobset_pods_find_each_other_by_dns_name_train_to_the_end_all_exit_0(
+    image, tmp_path, sample):
+  # What the JobSet's successPolicy counts on: every worker ends by itself, and the ps.
+  pods, chief_index = jobset_pods()
+  shared = start_job(image, pods, tmp_path, sample)
+  assert wait_for_exits(image, pods) == [0] * len(pods), job_log(image, pods)
+  chief_lines = sum(pods[chief_index].logs(image), [])
+  assert ('cluster from JobSet cifar10-dist: 1 ps, 3 workers at cifar10-dist-{ps,worker}-0-'
+          '<index>.cifar10-dist:2222; this task: worker 0, the chief (pod '
+          'cifar10-dist-worker-0-0)') in chief_lines, job_log(image, pods)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
