@@ -2,7 +2,7 @@
 # A Docker daemon of its own on this host, for building deploy/kubernetes/Dockerfile and
 # running its image as the manifests' pods (tests/test_containers.py, .ci/run).
 #
-#   bash deploy/kubernetes/local_docker.sh start    # as root; prints the variable to export
+#   eval "$(bash deploy/kubernetes/local_docker.sh start)"   # as root; sets DOCKER_HOST:
 #   export DOCKER_HOST=unix:///tmp/local-docker/docker.sock
 #   bash deploy/kubernetes/local_docker.sh status
 #   bash deploy/kubernetes/local_docker.sh stop     # stops the dockerd start started, nothing else
@@ -29,10 +29,10 @@ export DOCKER_HOST=unix://$SOCKET
 
 install_packages() {
   command -v dockerd >/dev/null && command -v docker >/dev/null && return
-  echo "installing docker.io"
-  apt-cache show docker.io >/dev/null 2>&1 || apt-get update -qq
+  echo "installing docker.io" >&2
+  apt-cache show docker.io >/dev/null 2>&1 || apt-get update -qq >&2
   # Its postinst asks invoke-rc.d to start the system's dockerd; without systemd it stays stopped.
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends docker.io >&2
 }
 
 running() {
@@ -43,7 +43,7 @@ start() {
   install_packages
   mkdir -p "$STATE" "$DATA_ROOT"
   if ! running; then
-    dockerd --bridge=none --iptables=false --ip6tables=false --data-root="$DATA_ROOT" \
+    setsid dockerd --bridge=none --iptables=false --ip6tables=false --data-root="$DATA_ROOT" \
       --exec-root="$STATE/exec" --pidfile="$PID_FILE" -H "unix://$SOCKET" \
       >>"$STATE/dockerd.log" 2>&1 &
   fi

@@ -2,8 +2,8 @@
 # A stand-in for python:3.11-slim, made from Debian's packages, for building
 # deploy/kubernetes/Dockerfile where no container registry can be reached:
 #
-#   bash deploy/kubernetes/local_docker.sh start && export DOCKER_HOST=unix:///tmp/local-docker/docker.sock
-#   bash deploy/kubernetes/make_base_image.sh        # prints the image's name
+#   eval "$(bash deploy/kubernetes/local_docker.sh start)"   # a dockerd; sets DOCKER_HOST
+#   bash deploy/kubernetes/make_base_image.sh                # prints the image's name
 #   docker build --network=host --build-arg BASE=cifar10-base:bookworm-python3.11 \
 #       -f deploy/kubernetes/Dockerfile -t cifar10-dist:local .
 #
@@ -36,8 +36,8 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   exit 0
 fi
 if ! command -v debootstrap >/dev/null; then
-  apt-cache show debootstrap >/dev/null 2>&1 || apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap
+  apt-cache show debootstrap >/dev/null 2>&1 || apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2
 fi
 
 ROOTFS=$(mktemp -d /var/tmp/cifar10-base.XXXXXX)
