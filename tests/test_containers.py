@@ -58,29 +58,36 @@ def docker(env, *args, timeout=120):
 
 
 @pytest.fixture(scope='module')
-def image(tmp_path_factory):
-  """The docker CLI's environment (DOCKER_HOST), with IMAGE built and NETWORK made."""
+def image():
+  """The docker CLI's environment (DOCKER_HOST), with IMAGE built and NETWORK made;
+  its containers are the test's own (env)."""
   was_running = _running(os.path.join(STATE_DIR, 'dockerd.pid'))
   started = helpers.run(['bash', SCRIPT, 'start'], timeout=600)
   assert started.code == 0, started.log()
   host = re.search(r'^export DOCKER_HOST=(\S+)$', started.out, re.M).group(1)
   env = helpers.user_env(DOCKER_HOST=host)
   base = next((b for b in BASES if docker(env, 'image', 'inspect', b).code == 0), None)
-  if base is not None:
-    _remove_pods(env)
-    built = docker(env, 'build', '--network=host', '--build-arg', 'BASE=' + base, '-f',
-                   DOCKERFILE, '-t', IMAGE, helpers.ROOT, timeout=1800)
-    assert built.code == 0, built.log()
-    made = docker(env, 'network', 'create', '--internal', '--subnet', SUBNET,
-                  '-o', 'com.docker.network.bridge.inhibit_ipv4=true', NETWORK)
-    assert made.code == 0, made.log()
-    yield env
-    _remove_pods(env)
+  if base is None:
+    _stop(was_running)
+    pytest.skip('no base image: run deploy/kubernetes/make_base_image.sh (.ci/run does)')
+  _remove_containers(env)
+  docker(env, 'network', 'rm', NETWORK)  # a killed run's
+  built = docker(env, 'build', '--network=host', '--build-arg', 'BASE=' + base, '-f',
+                 DOCKERFILE, '-t', IMAGE, helpers.ROOT, timeout=1800)
+  assert built.code == 0, built.log()
+  made = docker(env, 'network', 'create', '--internal', '--subnet', SUBNET,
+                '-o', 'com.docker.network.bridge.inhibit_ipv4=true', NETWORK)
+  assert made.code == 0, made.log()
+  yield env
+  docker(env, 'network', 'rm', NETWORK)
+  _stop(was_running)
+
+
+def _stop(was_running):
+  """Stops the dockerd that image() started, not one that ran before."""
   if not was_running:
     stopped = helpers.run(['bash', SCRIPT, 'stop'])
     assert stopped.code == 0, stopped.log()
-  if base is None:
-    pytest.skip('no base image: run deploy/kubernetes/make_base_image.sh (.ci/run does)')
 
 
 def _running(pid_file):
@@ -92,12 +99,19 @@ def _running(pid_file):
     return False
 
 
-def _remove_pods(env):
-  """Removes the tests' containers and network, also those a killed run left."""
+@pytest.fixture
+def env(env):
+  """The docker CLI's environment; the test's containers are removed at its end."""
+  yield image
+  _remove_containers(env)
+
+
+def _remove_containers(env):
+  """Removes the tests' containers, also those a killed run left."""
   found = docker(env, 'ps', '-aq', '--filter', 'label=' + LABEL)
   if found.out.split():
-    docker(env, 'rm', '-f', *found.out.split())
-  docker(env, 'network', 'rm', NETWORK)
+    removed = docker(env, 'rm', '-f', *found.out.split())
+    assert removed.code == 0, removed.log()
 
 
 class Pod:
@@ -129,6 +143,10 @@ class Pod:
     """(stdout lines, stderr lines) of every run of the container so far."""
     done = docker(docker_env, 'logs', self.name)
     return done.out.splitlines(), done.err.splitlines()
+
+  def memory_limit(self, docker_env):
+    """The container's memory limit in bytes, 0 for none."""
+    return int(docker(docker_env, 'inspect', '-f', '{{.HostConfig.Memory}}', self.name).out)
 
   def exit_code(self, docker_env):
     done = docker(docker_env, 'inspect', '-f', '{{.State.Running}} {{.State.ExitCode}}',
@@ -224,39 +242,41 @@ def wait_for_checkpoint(env, pods, chief, step):
 
 
 def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resume(
-    image, tmp_path, sample):
+    env, tmp_path, sample):
   pods, chief_index = tfjob_pods()
   chief = pods[chief_index]
-  shared = start_job(image, pods, tmp_path, sample)
-  wait_for_checkpoint(image, pods, chief, 10)
-  took = stop_like_kubelet(image, pods)
-  codes = wait_for_exits(image, pods)
+  shared = start_job(env, pods, tmp_path, sample)
+  wait_for_checkpoint(env, pods, chief, 10)
+  took = stop_like_kubelet(env, pods)
+  codes = wait_for_exits(env, pods)
   # The evaluator too: it was 137, SIGTERM dropped by its PID 1 until the grace's SIGKILL.
-  assert codes == [143] * len(pods), (codes, job_log(image, pods))
-  assert took < min(pod.grace for pod in pods), (took, job_log(image, pods))
-  first_run = [len(lines) for lines in chief.logs(image)]
-  [stopped] = matches(STOPPED_LINE, sum(chief.logs(image), []))
+  assert codes == [143] * len(pods), (codes, job_log(env, pods))
+  assert took < min(pod.grace for pod in pods), (took, job_log(env, pods))
+  first_run = [len(lines) for lines in chief.logs(env)]
+  [stopped] = matches(STOPPED_LINE, sum(chief.logs(env), []))
   step = int(stopped.group(2))
   assert stopped.group(1) == 'SIGTERM' and 10 <= step < MAX_STEPS, stopped.group(0)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % step)) == step
 
-  restarted = docker(image, 'start', *[pod.name for pod in pods])
+  restarted = docker(env, 'start', *[pod.name for pod in pods])
   assert restarted.code == 0, restarted.log()
-  assert wait_for_exits(image, pods) == [0] * len(pods), job_log(image, pods)
-  rerun = sum((lines[n:] for lines, n in zip(chief.logs(image), first_run)), [])
+  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
+  rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
   assert matches(RESUMING_LINE, rerun)[0].groups() == (str(step), str(step)), job_log(
-      image, pods)
+      env, pods)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
 
 
 def test_jobset_pods_find_each_other_by_dns_name_train_to_the_end_all_exit_0(
-    image, tmp_path, sample):
+    env, tmp_path, sample):
   # What the JobSet's successPolicy counts on: every worker ends by itself, and the ps.
   pods, chief_index = jobset_pods()
-  shared = start_job(image, pods, tmp_path, sample)
-  assert wait_for_exits(image, pods) == [0] * len(pods), job_log(image, pods)
-  chief_lines = sum(pods[chief_index].logs(image), [])
+  shared = start_job(env, pods, tmp_path, sample)
+  assert [pod.memory_limit(env) for pod in pods] == [
+      manifests.quantity(pod.container['resources']['limits']['memory']) for pod in pods]
+  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
+  chief_lines = sum(pods[chief_index].logs(env), [])
   assert ('cluster from JobSet cifar10-dist: 1 ps, 3 workers at cifar10-dist-{ps,worker}-0-'
           '<index>.cifar10-dist:2222; this task: worker 0, the chief (pod '
-          'cifar10-dist-worker-0-0)') in chief_lines, job_log(image, pods)
+          'cifar10-dist-worker-0-0)') in chief_lines, job_log(env, pods)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
