@@ -100,10 +100,10 @@ def _running(pid_file):
 
 
 @pytest.fixture
-def env(env):
+def env(image):
   """The docker CLI's environment; the test's containers are removed at its end."""
   yield image
-  _remove_containers(env)
+  _remove_containers(image)
 
 
 def _remove_containers(env):
