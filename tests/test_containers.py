@@ -20,6 +20,8 @@ Not here: an apiserver, kubelet, the training operator, the JobSet controller (n
 can be installed on this machine). Nothing restarts a pod but the test; the JobSet's
 dependsOn, podFailurePolicy and successPolicy are not exercised.
 """
+import hashlib
+import ipaddress
 import os
 import re
 import shutil
@@ -41,15 +43,18 @@ SCRIPT = os.path.join(helpers.ROOT, 'deploy', 'kubernetes', 'local_docker.sh')
 DOCKERFILE = os.path.join(helpers.ROOT, 'deploy', 'kubernetes', 'Dockerfile')
 STATE_DIR = os.environ.get('LOCAL_DOCKER_DIR', '/tmp/local-docker')
 BASES = ['python:3.11-slim', 'cifar10-base:bookworm-python3.11']  # the real one first
-IMAGE = 'cifar10-dist:test'
-LABEL = 'cifar10-test-pod'          # on every container the tests make
-NETWORK = 'cifar10-test-pods'
-SUBNET = '172.31.231.0/24'          # the pods' addresses: .10, .11, ...
+# Names of this test process's own, so that suites run at once (other clones) keep apart;
+# .ci/run's build is tagged cifar10-dist:test.
+IMAGE = 'cifar10-dist:test-%s' % hashlib.md5(helpers.ROOT.encode()).hexdigest()[:8]
+RUN = str(os.getpid())
+LABEL = 'cifar10-test-pod=' + RUN   # on every container this process makes
+NETWORK = 'cifar10-test-pods-' + RUN
 DEFAULT_GRACE_SECS = 30             # Kubernetes' terminationGracePeriodSeconds
-MAX_STEPS = 60
-# CIFAR-10 on the sample, 8 images a step: about 20 async steps a second here.
+# CIFAR-10 on the sample, 8 images a step: 20 to 40 async steps a second here, so that
+# 60 steps once ended before the stop they were to be stopped by.
+MAX_STEPS = {'tfjob': 300, 'jobset': 60}
 RUN_FLAGS = ['--batch_size=8', '--log_frequency=1', '--save_every_n_steps=10',
-             '--summary_steps=0', '--max_steps=%d' % MAX_STEPS, '--eval_interval_secs=1']
+             '--summary_steps=0', '--eval_interval_secs=1']
 
 
 def docker(env, *args, timeout=120):
@@ -70,17 +75,27 @@ def image():
   if base is None:
     _stop(was_running)
     pytest.skip('no base image: run deploy/kubernetes/make_base_image.sh (.ci/run does)')
-  _remove_containers(env)
-  docker(env, 'network', 'rm', NETWORK)  # a killed run's
   built = docker(env, 'build', '--network=host', '--build-arg', 'BASE=' + base, '-f',
                  DOCKERFILE, '-t', IMAGE, helpers.ROOT, timeout=1800)
   assert built.code == 0, built.log()
-  made = docker(env, 'network', 'create', '--internal', '--subnet', SUBNET,
-                '-o', 'com.docker.network.bridge.inhibit_ipv4=true', NETWORK)
-  assert made.code == 0, made.log()
+  _make_network(env)
   yield env
   docker(env, 'network', 'rm', NETWORK)
   _stop(was_running)
+
+
+def _make_network(env):
+  """NETWORK: internal, and no address on the host, so the pods reach each other and
+  nothing else; on a /24 of 172.31/16 no other network of this dockerd has (addresses
+  the pods are given need a subnet named here)."""
+  for n in range(256):
+    made = docker(env, 'network', 'create', '--internal', '--subnet',
+                  '172.31.%d.0/24' % ((os.getpid() + n) % 256),
+                  '-o', 'com.docker.network.bridge.inhibit_ipv4=true', NETWORK)
+    if made.code == 0:
+      return
+    assert 'overlaps' in made.err, made.log()
+  raise AssertionError('no /24 of 172.31.0.0/16 left for %s' % NETWORK)
 
 
 def _stop(was_running):
@@ -107,7 +122,7 @@ def env(image):
 
 
 def _remove_containers(env):
-  """Removes the tests' containers, also those a killed run left."""
+  """Removes this test process's containers."""
   found = docker(env, 'ps', '-aq', '--filter', 'label=' + LABEL)
   if found.out.split():
     removed = docker(env, 'rm', '-f', *found.out.split())
@@ -115,10 +130,13 @@ def _remove_containers(env):
 
 
 class Pod:
-  """One pod as a container: made by `create`, started and stopped with its job."""
+  """One pod as a container: made by `create`, started and stopped with its job. Its
+  host name is the pod's; its container's name adds this test process's id."""
 
-  def __init__(self, name, host, spec, env, grace):
-    self.name, self.host, self.env, self.grace = name, host, env, grace
+  def __init__(self, host, spec, env):
+    self.name = '%s-%s' % (host.split('.')[0], RUN)
+    self.host, self.env = host, env
+    self.grace = spec.get('terminationGracePeriodSeconds', DEFAULT_GRACE_SECS)
     self.container, = spec['containers']
     self.ip = None
 
@@ -162,10 +180,8 @@ def tfjob_pods():
   for rtype, hosts in manifests.tfjob_hosts(tfjob).items():
     spec = tfjob['spec']['tfReplicaSpecs'][rtype]['template']['spec']
     for index, host in enumerate(hosts):
-      env = {'TF_CONFIG': manifests.tf_config(tfjob, rtype, index)}
-      pods.append(Pod(host.split('.')[0], host, spec, env,
-                      spec.get('terminationGracePeriodSeconds', DEFAULT_GRACE_SECS)))
-  return pods, [pod.name for pod in pods].index('cifar10-dist-chief-0')
+      pods.append(Pod(host, spec, {'TF_CONFIG': manifests.tf_config(tfjob, rtype, index)}))
+  return pods, [pod.host for pod in pods].index('cifar10-dist-chief-0.default.svc')
 
 
 def jobset_pods():
@@ -177,21 +193,21 @@ def jobset_pods():
     spec = job['template']['spec']
     for index in range(job['completions']):
       host = manifests.jobset_host(jobset, rjob, 0, index)
-      pods.append(Pod(host.split('.')[0], host, spec,
-                      manifests.pod_environment(jobset, rjob, 0, index),
-                      spec.get('terminationGracePeriodSeconds', DEFAULT_GRACE_SECS)))
-  return pods, [pod.name for pod in pods].index('cifar10-dist-worker-0-0')
+      pods.append(Pod(host, spec, manifests.pod_environment(jobset, rjob, 0, index)))
+  return pods, [pod.host for pod in pods].index('cifar10-dist-worker-0-0.cifar10-dist')
 
 
-def start_job(env, pods, tmp_path, sample):
+def start_job(env, pods, tmp_path, sample, max_steps):
   """Makes and starts the pods' containers on a sample in tmp_path/shared; returns it."""
   shared = tmp_path / 'shared'
   shutil.copytree(sample.dir, str(shared / 'cifar10_data'))
-  subnet = SUBNET.rsplit('.', 1)[0]
+  subnet = docker(env, 'network', 'inspect', '-f', '{{(index .IPAM.Config 0).Subnet}}',
+                  NETWORK).out.strip()
   for i, pod in enumerate(pods):
-    pod.ip = '%s.%d' % (subnet, 10 + i)
+    pod.ip = str(ipaddress.ip_network(subnet)[10 + i])
   for pod in pods:
-    pod.create(env, pods, shared, ['--data_md5=%s' % sample.md5] + RUN_FLAGS)
+    pod.create(env, pods, shared,
+               ['--data_md5=%s' % sample.md5, '--max_steps=%d' % max_steps] + RUN_FLAGS)
   started = docker(env, 'start', *[pod.name for pod in pods])
   assert started.code == 0, started.log()
   return shared
@@ -243,9 +259,10 @@ def wait_for_checkpoint(env, pods, chief, step):
 
 def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resume(
     env, tmp_path, sample):
+  job = 'tfjob'
   pods, chief_index = tfjob_pods()
   chief = pods[chief_index]
-  shared = start_job(env, pods, tmp_path, sample)
+  shared = start_job(env, pods, tmp_path, sample, MAX_STEPS[job])
   wait_for_checkpoint(env, pods, chief, 10)
   took = stop_like_kubelet(env, pods)
   codes = wait_for_exits(env, pods)
@@ -255,7 +272,7 @@ def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_container
   first_run = [len(lines) for lines in chief.logs(env)]
   [stopped] = matches(STOPPED_LINE, sum(chief.logs(env), []))
   step = int(stopped.group(2))
-  assert stopped.group(1) == 'SIGTERM' and 10 <= step < MAX_STEPS, stopped.group(0)
+  assert stopped.group(1) == 'SIGTERM' and 10 <= step < MAX_STEPS[job], stopped.group(0)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % step)) == step
 
   restarted = docker(env, 'start', *[pod.name for pod in pods])
@@ -264,14 +281,16 @@ def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_container
   rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
   assert matches(RESUMING_LINE, rerun)[0].groups() == (str(step), str(step)), job_log(
       env, pods)
-  assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
+  last = shared / 'train' / ('model.ckpt-%d' % MAX_STEPS[job])
+  assert helpers.global_step(last) == MAX_STEPS[job]
 
 
 def test_jobset_pods_find_each_other_by_dns_name_train_to_the_end_all_exit_0(
     env, tmp_path, sample):
   # What the JobSet's successPolicy counts on: every worker ends by itself, and the ps.
+  job = 'jobset'
   pods, chief_index = jobset_pods()
-  shared = start_job(env, pods, tmp_path, sample)
+  shared = start_job(env, pods, tmp_path, sample, MAX_STEPS[job])
   assert [pod.memory_limit(env) for pod in pods] == [
       manifests.quantity(pod.container['resources']['limits']['memory']) for pod in pods]
   assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
@@ -279,4 +298,5 @@ def test_jobset_pods_find_each_other_by_dns_name_train_to_the_end_all_exit_0(
   assert ('cluster from JobSet cifar10-dist: 1 ps, 3 workers at cifar10-dist-{ps,worker}-0-'
           '<index>.cifar10-dist:2222; this task: worker 0, the chief (pod '
           'cifar10-dist-worker-0-0)') in chief_lines, job_log(env, pods)
-  assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % MAX_STEPS)) == MAX_STEPS
+  last = shared / 'train' / ('model.ckpt-%d' % MAX_STEPS[job])
+  assert helpers.global_step(last) == MAX_STEPS[job]
