@@ -12,9 +12,10 @@ JobSet's variables), its memory limit and CPU request, /shared a directory of th
 The pods get a network of the test's own: a Docker bridge marked internal, with no
 address on the host, so they reach each other and nothing else. Every pod listens on
 the manifests' port 2222 at its own address, and every pod's name resolves to that
-address as the cluster's DNS would resolve it (--add-host: /etc/hosts lines). The job
+address as the cluster's DNS would resolve it (--add-host: /etc/hosts lines). The TFJob
 is stopped as kubelet stops pods: SIGTERM to every container at once, SIGKILL after
-each pod's grace period (docker stop -t), then the same containers started again.
+each pod's grace period (docker stop -t), then the same containers started again. The
+JobSet's pods train to the end, each exiting by itself.
 
 Not here: an apiserver, kubelet, the training operator, the JobSet controller (none
 can be installed on this machine). Nothing restarts a pod but the test; the JobSet's
