@@ -1,161 +1,69 @@
-"""deploy/: the manifests and the Slurm script name only flags the programs take, and
-the JobSet manifest gives each pod the variables cluster_jobset.from_jobset reads.
+"""deploy/: the manifests and the Slurm script name only flags the programs take, the
+JobSet manifest gives each pod the variables cluster_jobset.from_jobset reads, and the
+built-in kinds are valid by Kubernetes' own schemas.
 
-PyYAML is not a dependency: small readers take what is checked from the manifests,
-which are written as plain block YAML for that reason (replica_specs: each TFJob
-replica's `command:` list; read_yaml: the whole of jobset.yaml).
+The manifests are read with PyYAML (tests/helpers/manifests.py). kubernetes-validate
+carries Kubernetes' published JSON schemas, offline, for the built-in kinds: the
+PersistentVolumeClaim, the NetworkPolicy, each JobSet replicatedJob's Job and each TFJob
+replica's pod template. TFJob and JobSet themselves are CRDs, whose schemas it does not
+carry: their fields are checked by the tests below, not by a schema.
 """
 import os
 import re
 
+import kubernetes_validate
 import pytest
 
 from distributed import cluster_jobset
 import helpers
+from helpers import manifests
+from helpers.manifests import JOBSET, TFJOB, pod_environment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TFJOB = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob.yaml')
-JOBSET = os.path.join(ROOT, 'deploy', 'kubernetes', 'jobset.yaml')
+ROOT = helpers.ROOT
 SBATCH = os.path.join(ROOT, 'deploy', 'slurm', 'train.sbatch')
 DOCKERFILE = os.path.join(ROOT, 'deploy', 'kubernetes', 'Dockerfile')
 FLAG = re.compile(r'^--(?:no)?([a-z_0-9]+)(?:=|$)')
+# Kubernetes 1.28 (the manifests' oldest) is left out: its published schema requires
+# onPodConditions in a podFailurePolicy rule on exit codes, which its API server does not.
+SCHEMA_VERSIONS = ['1.29.0', kubernetes_validate.latest_version()]
 
 
-def replica_specs(text):
-  """{'PS': {'command': [...], 'restartPolicy': 'ExitCode', 'container': 'tensorflow'}, ...}"""
-  specs, current, in_command, command_indent = {}, None, False, 0
-  for line in text.splitlines():
-    stripped = line.split(' #')[0].rstrip() if not line.lstrip().startswith('#') else ''
-    if not stripped:
-      continue
-    indent = len(stripped) - len(stripped.lstrip())
-    replica = re.match(r'^    (PS|Chief|Master|Worker|Evaluator):$', stripped)
-    if replica:
-      current = specs.setdefault(replica.group(1), {'command': []})
-      in_command = False
-      continue
-    if current is None:
-      continue
-    if in_command:
-      item = re.match(r'^\s*- (.+)$', stripped)
-      if item and indent >= command_indent:
-        current['command'].append(item.group(1).strip('"\''))
-        continue
-      in_command = False
-    key = re.match(r'^\s*(?:- )?(\w+): *(.*)$', stripped)
-    if key and key.group(1) == 'command':
-      in_command, command_indent = True, indent
-    elif key and key.group(1) == 'restartPolicy':
-      current['restartPolicy'] = key.group(2)
-    elif key and key.group(1) == 'name' and stripped.lstrip().startswith('- name:'):
-      current.setdefault('container', key.group(2))
+def replica_specs():
+  """tfjob.yaml's replicas: {'PS': {'command': [...], 'restartPolicy': 'ExitCode',
+  'container': 'tensorflow'}, ...}"""
+  specs = {}
+  for rtype, spec in manifests.manifest(TFJOB)['TFJob']['spec']['tfReplicaSpecs'].items():
+    container, = spec['template']['spec']['containers']
+    specs[rtype] = {'command': container['command'], 'restartPolicy': spec['restartPolicy'],
+                    'container': container['name']}
   return specs
-
-
-def read_yaml(text):
-  """The documents of a manifest in plain block YAML, as PyYAML reads them: [dict, ...].
-
-  Mappings and lists by indentation, `- key: value` list items, `[a, b]` lists of
-  scalars, quoted strings, whole numbers, true and false; a comment is a line
-  starting with `#` or what follows ` #` outside quotes. No anchors, no `|`.
-  """
-  documents = []
-  for part in re.split(r'^---[ \t]*$', text, flags=re.M):
-    lines = [(len(line) - len(line.lstrip()), line.strip())
-             for line in map(_uncommented, part.splitlines()) if line.strip()]
-    if lines:
-      value, end = _read_block(lines, 0)
-      assert end == len(lines), 'unread YAML from %r' % (lines[end],)
-      documents.append(value)
-  return documents
-
-
-def _uncommented(line):
-  quote = None
-  for i, char in enumerate(line):
-    if quote:
-      quote = None if char == quote else quote
-    elif char in '\'"':
-      quote = char
-    elif char == '#' and (i == 0 or line[i - 1] in ' \t'):
-      return line[:i].rstrip()
-  return line.rstrip()
-
-
-def _read_block(lines, i):
-  """The mapping or list starting at lines[i], at that line's indent: (value, next i)."""
-  indent = lines[i][0]
-  if lines[i][1] == '-' or lines[i][1].startswith('- '):
-    items = []
-    while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith('-'):
-      rest = lines[i][1][1:].strip()
-      if not rest:
-        item, i = _read_block(lines, i + 1)
-      elif re.match(r'^[\w./-]+:( |$)', rest):  # `- key: value`: a mapping at indent + 2
-        lines[i] = (indent + 2, rest)
-        item, i = _read_block(lines, i)
-      else:
-        item, i = _scalar(rest), i + 1
-      items.append(item)
-    return items, i
-  mapping = {}
-  while i < len(lines) and lines[i][0] == indent:
-    key, colon, rest = lines[i][1].partition(':')
-    assert colon and (not rest or rest.startswith(' ')), 'not key: value: %r' % lines[i][1]
-    rest = rest.strip()
-    if rest:
-      mapping[key], i = _scalar(rest), i + 1
-    elif i + 1 < len(lines) and (lines[i + 1][0] > indent or (
-        lines[i + 1][0] == indent and lines[i + 1][1].startswith('-'))):
-      mapping[key], i = _read_block(lines, i + 1)
-    else:
-      mapping[key], i = None, i + 1
-  return mapping, i
-
-
-def _scalar(text):
-  if text[0] in '\'"':
-    assert text[-1] == text[0], 'unclosed quote: %r' % text
-    return text[1:-1].replace("''", "'") if text[0] == "'" else text[1:-1]
-  if text.startswith('['):
-    return [_scalar(item.strip()) for item in text[1:-1].split(',') if item.strip()]
-  if re.fullmatch(r'-?[0-9]+', text):
-    return int(text)
-  return {'true': True, 'false': False}.get(text, text)
 
 
 def jobset_manifest():
   """jobset.yaml's documents: {kind: the document}."""
-  with open(JOBSET) as f:
-    return {document['kind']: document for document in read_yaml(f.read())}
+  return manifests.manifest(JOBSET)
 
 
-def pod_environment(jobset, rjob, job_index, completion_index):
-  """The variables one pod of a JobSet sees: its container's env, each fieldRef given
-  the label or annotation JobSet (and the Job controller) puts on the pod, plus the
-  JOB_COMPLETION_INDEX Kubernetes sets in an Indexed Job's pods. A fieldRef to
-  anything else raises KeyError: nothing would fill it in."""
-  job = rjob['template']['spec']
-  indexed = job.get('completionMode') == 'Indexed'
-  metadata = {  # as jobset_controller.go's labelAndAnnotateObject sets them, both ways
-      'jobset.sigs.k8s.io/jobset-name': jobset['metadata']['name'],
-      'jobset.sigs.k8s.io/replicatedjob-name': rjob['name'],
-      'jobset.sigs.k8s.io/replicatedjob-replicas': str(rjob.get('replicas', 1)),
-      'jobset.sigs.k8s.io/job-index': str(job_index),
-  }
-  if indexed:
-    metadata['batch.kubernetes.io/job-completion-index'] = str(completion_index)
-  fields = {'metadata.%s[\'%s\']' % (kind, key): value
-            for kind in ('labels', 'annotations') for key, value in metadata.items()}
-  container, = job['template']['spec']['containers']
-  env = {'JOB_COMPLETION_INDEX': str(completion_index)} if indexed else {}
-  for variable in container.get('env', []):
-    if 'value' in variable:
-      assert isinstance(variable['value'], str), variable  # the API takes strings only
-      env[variable['name']] = variable['value']
-    else:
-      env[variable['name']] = fields[variable['valueFrom']['fieldRef']['fieldPath']]
-  return env
+def built_in_objects():
+  """(where, object) for every object of a built-in kind in the manifests, those that
+  the CRDs hold wrapped in the kind that holds them (a Job, a PodTemplate)."""
+  found = []
+  for path in (TFJOB, JOBSET):
+    for kind, document in manifests.manifest(path).items():
+      where = '%s %s' % (os.path.basename(path), kind)
+      if kind == 'TFJob':
+        found += [('%s %s' % (where, rtype), {
+            'apiVersion': 'v1', 'kind': 'PodTemplate', 'metadata': {'name': rtype.lower()},
+            'template': spec['template']})
+                  for rtype, spec in document['spec']['tfReplicaSpecs'].items()]
+      elif kind == 'JobSet':
+        found += [('%s %s' % (where, rjob['name']), {
+            'apiVersion': 'batch/v1', 'kind': 'Job', 'metadata': {'name': rjob['name']},
+            'spec': rjob['template']['spec']})
+                  for rjob in document['spec']['replicatedJobs']]
+      else:
+        found.append((where, document))
+  return found
 
 
 def sbatch_command(text):
@@ -188,10 +96,8 @@ def known_flags(helpshort):
 
 
 def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
-  with open(TFJOB) as f:
-    text = f.read()
-  assert re.search(r'^apiVersion: kubeflow.org/v1\nkind: TFJob$', text, re.M)
-  specs = replica_specs(text)
+  assert manifests.manifest(TFJOB)['TFJob']['apiVersion'] == 'kubeflow.org/v1'
+  specs = replica_specs()
   assert sorted(specs) == ['Chief', 'Evaluator', 'PS', 'Worker']
   for name, spec in specs.items():
     assert spec['restartPolicy'] == 'ExitCode', name
@@ -208,9 +114,7 @@ def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
 
 @pytest.mark.xdist_group('helpshort')
 def test_tfjob_manifest_names_only_flags_the_programs_take(known_flags):
-  with open(TFJOB) as f:
-    specs = replica_specs(f.read())
-  for name, spec in specs.items():
+  for name, spec in replica_specs().items():
     assert flags_of(spec['command']), name
     assert unknown_flags(spec['command'], known_flags) == [], name
 
@@ -233,13 +137,6 @@ def test_flag_reader_catches_an_unknown_flag(known_flags):
   assert 'num_gpu' not in known_flags['dist_train.py']
   assert 'num_gpus' in known_flags['dist_train.py']
   assert 'checkpoint_dir' in known_flags['cifar10_eval.py']
-  specs = replica_specs('    PS:\n      restartPolicy: ExitCode\n      template:\n'
-                        '        spec:\n          containers:\n            - name: tensorflow\n'
-                        '              command:\n                - python\n'
-                        '                - dist_train.py\n                - --bogus=1\n'
-                        '              volumeMounts:\n                - name: shared\n')
-  assert specs == {'PS': {'command': ['python', 'dist_train.py', '--bogus=1'],
-                          'restartPolicy': 'ExitCode', 'container': 'tensorflow'}}
 
 
 @pytest.mark.xdist_group('helpshort')
@@ -271,7 +168,8 @@ def test_jobset_manifest_ps_and_worker_one_indexed_job_each_cluster_jobset():
     assert job['parallelism'] == job['completions'] >= 1, name  # every task at once
     assert job['template']['spec']['restartPolicy'] == 'Never', name  # podFailurePolicy's
     assert job['podFailurePolicy']['rules'] == [
-        {'action': 'Ignore', 'onPodConditions': [{'type': 'DisruptionTarget'}]},
+        {'action': 'Ignore', 'onPodConditions': [{'type': 'DisruptionTarget',
+                                                  'status': 'True'}]},
         {'action': 'FailJob', 'onExitCodes': {'operator': 'In', 'values': [1]}}], name
     container, = job['template']['spec']['containers']
     assert container['command'][:3] == ['python', 'dist_train.py', '--cluster=jobset'], name
@@ -342,25 +240,36 @@ def test_jobset_manifest_names_only_flags_the_programs_take(known_flags):
     assert unknown_flags(container['command'], known_flags) == [], rjob['name']
 
 
-def test_yaml_reader_reads_nesting_lists_quotes_and_comments_as_written():
-  text = ('a: 1  # one\nb:\n  - name: x\n    values: [1, 2]\n  - "q # not a comment"\n'
-          'c:\n- \'it\'\'s\'\n---\n# only a comment\nd: true\ne:\n')
-  assert read_yaml(text) == [{'a': 1, 'b': [{'name': 'x', 'values': [1, 2]},
-                                           'q # not a comment'], 'c': ["it's"]},
-                             {'d': True, 'e': None}]
+def test_manifests_built_in_kinds_valid_by_kubernetes_schemas():
+  objects = built_in_objects()
+  assert sorted({obj['kind'] for _, obj in objects}) == [
+      'Job', 'NetworkPolicy', 'PersistentVolumeClaim', 'PodTemplate']
+  assert len(objects) == 9  # 2 claims, 1 policy, 4 TFJob replicas, 2 replicatedJobs
+  for version in SCHEMA_VERSIONS:
+    for where, obj in objects:
+      try:
+        kubernetes_validate.validate(obj, version, strict=True)
+      except kubernetes_validate.ValidationError as e:
+        raise AssertionError('%s, Kubernetes %s: %s at %s' % (
+            where, version, e.message, '.'.join(map(str, e.path)))) from None
 
 
-def test_yaml_reader_reads_both_manifests_as_pyyaml_does():
-  yaml = pytest.importorskip('yaml')  # not a dependency; where it is installed
-  for path in (JOBSET, TFJOB):
-    with open(path) as f:
-      text = f.read()
-    assert read_yaml(text) == [d for d in yaml.safe_load_all(text) if d is not None], path
+def test_schema_check_refuses_a_misspelt_field_and_a_wrong_type():
+  # The check above would pass on anything if the schemas were empty.
+  where, job = next(o for o in built_in_objects() if o[1]['kind'] == 'Job')
+  pod = job['spec']['template']['spec']
+  pod['terminationGracePeriodSecond'] = 120
+  with pytest.raises(kubernetes_validate.ValidationError, match='terminationGracePeriodSecond'):
+    kubernetes_validate.validate(job, SCHEMA_VERSIONS[-1], strict=True)
+  del pod['terminationGracePeriodSecond']
+  job['spec']['completions'] = 'three'
+  with pytest.raises(kubernetes_validate.ValidationError, match="'three' is not of type"):
+    kubernetes_validate.validate(job, SCHEMA_VERSIONS[-1], strict=True)
 
 
 def test_dockerfile_python_311_slim_installs_requirements_then_copies_repo():
   with open(DOCKERFILE) as f:
     lines = [l for l in f.read().splitlines() if l and not l.startswith('#')]
-  assert lines[0] == 'FROM python:3.11-slim'
+  assert lines[:2] == ['ARG BASE=python:3.11-slim', 'FROM ${BASE}']  # the default, for users
   steps = [l.split()[0] + ' ' + l.split()[1] for l in lines]
   assert steps.index('COPY requirements.txt') < steps.index('RUN pip') < steps.index('COPY .')

@@ -278,14 +278,18 @@ def test_cluster_broken_or_disagreeing_flag_exits_1_one_line_writing_nothing(tas
   assert os.listdir(tmp_path) == []
 
 
-def test_tf_config_evaluator_waiting_for_a_checkpoint_ctrl_c_stops_it_in_one_line(
-    tasks, sample, tmp_path):
+@pytest.mark.parametrize('signum, name, code', [(signal.SIGINT, 'Ctrl-C', 130),
+                                                (signal.SIGTERM, 'SIGTERM', 143)])
+def test_tf_config_evaluator_waiting_for_a_checkpoint_signal_stops_it_in_one_line(
+    tasks, sample, tmp_path, signum, name, code):
+  # SIGTERM was left to its default: death by the signal, and as a container's PID 1
+  # (tests/test_containers.py) nothing at all until the grace period's SIGKILL.
   cluster = dict(zip(['ps', 'chief', 'evaluator'], [[h] for h in loopback_hosts(3)]))
   evaluator = tasks(['dist_train.py'] + FLAGS + sample.flags + ['--train_dir=%s' % tmp_path],
                     env=environment(TF_CONFIG=tf_config(cluster, 'evaluator', 0)))
   evaluator.wait_for(lambda line: line.startswith('No checkpoint in %s yet' % tmp_path),
                      'the evaluator waiting')
-  evaluator.send(signal.SIGINT)
-  assert evaluator.finish() == 130, evaluator.log()
+  evaluator.send(signum)
+  assert evaluator.finish() == code, evaluator.log()
   assert 'Traceback' not in evaluator.text, evaluator.log()
-  assert evaluator.err_lines[-1] == 'Stopped by Ctrl-C.', evaluator.log()
+  assert evaluator.err_lines[-1] == 'Stopped by %s.' % name, evaluator.log()

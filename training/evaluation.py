@@ -157,9 +157,10 @@ def main(options, model, data_input, trainer_command,
     data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None),
                        settings.deadlines(options))
     writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
-  except KeyboardInterrupt:  # it only reads the checkpoints: nothing to save
-    print('Stopped by Ctrl-C.', file=sys.stderr, flush=True)
-    sys.exit(130)
+  except KeyboardInterrupt as e:  # it only reads the checkpoints: nothing to save
+    # Ctrl-C, or signals.Interrupted: SIGTERM to dist_train.py's evaluator.
+    print('Stopped by %s.' % getattr(e, 'name', 'Ctrl-C'), file=sys.stderr, flush=True)
+    sys.exit(getattr(e, 'exit_code', 130))
   finally:
     if writer:
       writer.close()

@@ -39,16 +39,6 @@ def hold_until_ready():
     signal.signal(signum, note)
 
 
-def release_held():
-  """For a program that holds signals (hold_until_ready) but has no step loop to take
-  them after all (dist_train.py's evaluator task): Ctrl-C and SIGTERM act as Python's
-  defaults again, and one heard meanwhile is delivered now."""
-  signal.signal(signal.SIGINT, signal.default_int_handler)
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
-  if _early:
-    os.kill(os.getpid(), _early[0])
-
-
 class StopSignals:
   """Ctrl-C (SIGINT) and SIGTERM ask the step loop to stop after the current step.
 

@@ -7,6 +7,7 @@
     clusters.py    dist_train.py's quick flags and --local_cluster launcher; TF_CONFIG
     hostile.py     HTTP servers on 127.0.0.1, hostile files, a call that must return
     in_process.py  the trainer in this process: its settings, flags, graph, one step
+    manifests.py   deploy/kubernetes's manifests (PyYAML), and each pod's environment
 
 The pytest fixtures that use them are in tests/conftest.py.
 """
