@@ -18,13 +18,12 @@ and a step that cannot fit stops the run with one line:
 """
 import collections
 import contextlib
-import os
 
 import numpy as np
 import tensorflow as tf
 
 from training import checkpoints, machine
-from training import directory
+from training import directory, storage
 from training import input_data
 from training import updates
 from training.errors import TrainingError
@@ -55,9 +54,11 @@ def start(exit_stack, settings, data_input, stop_when_done=True, stop=None):
   """
   train_dir = settings.train_dir
   directory.check_train_dir(train_dir)
+  if not settings.synthetic:
+    storage.check(settings.data_dir, '--data_dir')
   check_precision(settings)
   locked = False
-  if os.path.isdir(train_dir):  # before reading its checkpoints
+  if storage.isdir(train_dir):  # before reading its checkpoints
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
     locked = True
   checkpoint, start_step, notes = (
