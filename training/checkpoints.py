@@ -404,6 +404,6 @@ def set_aside(train_dir):
         '%s; to see the old run beside the new: tensorboard --logdir_spec=new:%s,old:%s. '
         'Delete that directory once you no longer need them.'
         % (len(found), train_dir, dest, '' if storage.is_local(train_dir) else
-           ' (%s)' % storage.RENAME_NOTE, ', '.join(found), train_dir, train_dir, dest))
+           ' (on object storage: %s)' % storage.RENAME_NOTE, ', '.join(found), train_dir, train_dir, dest))
   return dest
 

@@ -34,7 +34,7 @@ ADDED_BY = {'s3': 'the tensorflow-io package (pip install tensorflow-io, then '
 NOT_LOCKED = ('%s is on object storage, where no fcntl lock exists: a second trainer on '
               'it is not stopped (their checkpoints would interleave). Give each run its '
               'own --train_dir.')
-RENAME_NOTE = 'on object storage a move is a copy and a delete, object by object, not atomic'
+RENAME_NOTE = 'a move there is a copy and a delete, object by object, not atomic'
 MD5_CHUNK = 1 << 20
 
 
