@@ -144,3 +144,14 @@ def test_gcs_scheme_tensorflow_lacks_refused_in_one_line_before_anything_written
                     r'file system for s3://.*the tensorflow-io package.*adds it\. Nothing '
                     r'was written\.$', result.err.strip()), result.log()
     assert os.listdir(cwd) == [] and os.listdir(home) == []
+
+
+def test_gcs_local_cluster_refused_in_one_line_its_namespace_has_no_network(place):
+  run, cwd, home = place
+  result = run(['dist_train.py', '--local_cluster=1,1', '--synthetic', '--max_steps=1',
+                '--train_dir=gs://bucket/dist'])
+  assert result.code == 1, result.log()
+  assert re.match(r'error: --train_dir=gs://bucket/dist: --local_cluster runs its tasks in '
+                  r'a private network namespace .* object storage cannot be reached\.',
+                  result.err.strip()) and result.errors == [result.err.strip()], result.log()
+  assert os.listdir(cwd) == [] and os.listdir(home) == []
