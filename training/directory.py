@@ -155,9 +155,10 @@ def read_bounded(path, max_bytes, follow_links=True):
   if not storage.is_local(path):  # an object: no FIFO or device there; its size first
     if storage.isdir(path):
       raise OSError(errno.EINVAL, 'not a regular file but a directory', path)
-    if storage.size(path) > max_bytes:
-      raise OSError(errno.EFBIG, '%d bytes, more than the %d expected'
-                    % (storage.size(path), max_bytes), path)
+    size = storage.size(path)
+    if size > max_bytes:
+      raise OSError(errno.EFBIG, '%d bytes, more than the %d expected' % (size, max_bytes),
+                    path)
     return storage.read(path)
   fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
   with os.fdopen(fd, 'rb') as f:

@@ -1,8 +1,8 @@
 """Paths are TensorFlow's: a local path, or a URL of one of TensorFlow's file systems
 (`gs://bucket/run1`), as the original tutorial's tf.gfile took them.
 
-    storage.check(path, '--train_dir')   # a scheme TensorFlow lacks: one line, nothing written
-    storage.is_local(path)               # no scheme: the OS's promises hold (directory.py)
+    storage.check(path, '--train_dir')  # a scheme TensorFlow lacks: one line, no write
+    storage.is_local(path)              # no scheme: the OS's promises hold (directory.py)
     storage.exists / isdir / size / listdir / makedirs / remove / rename / md5_of
 
 A local path keeps every promise it had: an fcntl lock on --train_dir, writes through a
@@ -14,6 +14,8 @@ where it matters:
     its upload completes), so a file is written in place, all of it or nothing;
   - a rename is a copy and a delete, object by object, not atomic (RENAME_NOTE);
   - only the run's own objects are ever deleted, as on a local disk.
+Nothing of a gs:// run lands in the working directory or HOME; TensorFlow's client
+buffers an object being written in a temporary file under TMPDIR, removed once uploaded.
 """
 import contextlib
 import errno
@@ -70,20 +72,24 @@ def check(path, flag):
   name = scheme(path)
   if name is None:
     return
+  if name == 'file':
+    raise TrainingError('%s=%s: give the local path without file:// (the local promises, '
+                        'the lock among them, hold on plain paths).' % (flag, path))
   import tensorflow as tf
-  root = URL.match(path).group(0) + path[len(URL.match(path).group(0)):].split('/')[0]
+  prefix = URL.match(path)
+  root = prefix.group(0) + path[prefix.end():].split('/')[0]  # gs://bucket
   try:
-    found = tf.io.gfile.exists(root)
+    there = tf.io.gfile.exists(root)
   except tf.errors.UnimplementedError:
     raise TrainingError(
-        '%s=%s: TensorFlow %s has no file system for %s:// (its own are local paths and '
-        'gs://); %s adds it. Nothing was written.'
+        '%s=%s: TensorFlow %s has no file system for %s:// (gs:// is built in); %s adds '
+        'it. Nothing was written.'
         % (flag, path, tf.__version__, name, ADDED_BY.get(name, 'a TensorFlow file-system '
                                                           'plugin'))) from None
   except tf.errors.OpError as e:
     raise TrainingError('%s=%s cannot be reached: %s. Nothing was written.'
                         % (flag, path, one_line(e))) from None
-  if not found:
+  if not there:
     raise TrainingError('%s=%s: %s does not exist (or is not yours to read). Create it, or '
                         'name another; nothing was written.' % (flag, path, root))
 
@@ -165,11 +171,7 @@ def move(src, dst_dir):
   if is_local(src):
     shutil.move(src, dst_dir)
   else:
-    rename(src, join(dst_dir, os.path.basename(src.rstrip('/'))))
-
-
-def join(path, *names):
-  return os.path.join(path, *names)
+    rename(src, os.path.join(dst_dir, os.path.basename(src.rstrip('/'))))
 
 
 def read(path):
