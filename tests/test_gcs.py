@@ -101,11 +101,13 @@ def test_gcs_sample_train_resume_eval_export_classify_all_in_the_bucket(gcs, pla
                 gcs))
   assert re.match(r'gs://bucket/images/red.png: \w+ 0\.\d\d, \w+ 0\.\d\d, \w+ 0\.\d\d$',
                   out.strip()), out
+  # (HOME too: the programs are forked from a process that imported TensorFlow, whose
+  # Keras makes ~/.keras at import, in any program, gs:// or not.)
   assert os.listdir(cwd) == [] and os.listdir(home) == []
 
 
 @pytest.mark.slow
-def test_gcs_two_trainers_then_fresh_move_only_the_runs_objects(gcs, place):
+def test_gcs_two_trainers_then_fresh_and_rotation_touch_only_the_runs_objects(gcs, place):
   run, cwd, home = place
   gcs.put(BUCKET, 'shared-notes.txt', b'not the run\'s')
   gcs.put(BUCKET, 'shared/notes.txt', b'not the run\'s either')
@@ -118,7 +120,7 @@ def test_gcs_two_trainers_then_fresh_move_only_the_runs_objects(gcs, place):
     assert code == 0, trainer.log()
     assert NOT_LOCKED.search(trainer.out), trainer.log()  # said, as docs/trainer.md says
   out = _ok(run(['multi_gpu_train.py', '--synthetic', '--train_dir=gs://bucket/shared',
-                 '--batch_size=4', '--max_steps=1', '--fresh'], gcs))
+                 '--batch_size=2', '--max_steps=6', '--save_every_n_steps=1', '--fresh'], gcs))
   moved = re.search(r'--fresh: moved (\d+) files from gs://bucket/shared to '
                     r'(gs://bucket/(shared-replaced-\d{8}-\d{6})) \(on object storage: a move '
                     r'there is a copy and a delete', out)
@@ -127,8 +129,13 @@ def test_gcs_two_trainers_then_fresh_move_only_the_runs_objects(gcs, place):
   assert len(aside) == int(moved.group(1)) and any('model.ckpt-2.index' in n for n in aside)
   names = gcs.names(BUCKET, 'shared')
   assert 'shared-notes.txt' in names and 'shared/notes.txt' in names  # never the run's
-  assert 'shared/model.ckpt-1.index' in names and 'shared/model.ckpt-2.index' not in names
   assert 'Starting from step 0 in gs://bucket/shared' in out
+  kept = sorted(int(n.split('-')[-1][:-len('.index')]) for n in names
+                if re.match(r'shared/model\.ckpt-\d+\.index$', n))
+  assert kept == [2, 3, 4, 5, 6], names  # KEEP_CHECKPOINTS: step 1's rotated away
+  assert not any(n.startswith('shared/model.ckpt-1.') for n in names), names
+  assert gcs.get(BUCKET, 'shared/checkpoint').decode().startswith(
+      'model_checkpoint_path: "model.ckpt-6"')
   assert os.listdir(cwd) == [] and os.listdir(home) == []
 
 

@@ -6,7 +6,11 @@ https://storage.googleapis.com and has no endpoint variable; its libcurl honours
 HTTPS_PROXY and CURL_CA_BUNDLE, read at each request. So one port here is both: a
 CONNECT proxy that admits only those two hosts (nothing leaves 127.0.0.1) and, inside the
 tunnel, a TLS server with a certificate for both names, signed by a test CA made with
-the openssl command line. `GcsServer.env()` is what a program needs to reach it.
+the openssl command line. `GcsServer.env()` is what a program needs to reach it. (Checked
+here: the proxy, the CA bundle and the token are read at each request, so programs
+forked from an imported TensorFlow reach the server; GCS_RETRY_CONFIG_* are read when
+TensorFlow registers gs://, at import, so forked programs keep TensorFlow's retries,
+which this server, answering no 5xx, never calls for.)
 
 What TensorFlow 2.21 sends (tsl/platform/cloud/gcs_file_system.cc), and is answered:
 bucket metadata and storageLayout; object list (prefix, delimiter, pageToken,
