@@ -99,17 +99,14 @@ def in_this_dir(train_dir, path, notes):
   directory was moved or copied, its own file of that name is the one meant. (On an
   object store, paths are compared as written: no links there.)
   """
-  local_fs = storage.is_local(train_dir)
   if not (os.path.isabs(path) or storage.scheme(path)):
     if not os.path.dirname(path):
       return os.path.join(train_dir, path)
     path = os.path.join(train_dir, path)
-    if local_fs:
-      path = os.path.normpath(path)  # '../run1/model.ckpt-5'
+    if storage.is_local(path):
+      path = os.path.normpath(path)  # '../run1/model.ckpt-5' (normpath would cut gs://)
   local = os.path.join(train_dir, os.path.basename(path))
-  same = (os.path.realpath if local_fs and storage.is_local(path) else
-          lambda p: p.rstrip('/'))
-  if same(os.path.dirname(path)) == same(train_dir):
+  if storage.same_place(os.path.dirname(path), train_dir):
     return local
   if storage.exists(local + '.index'):
     notes.append('%s names %s; using %s in this directory.'
@@ -400,10 +397,10 @@ def set_aside(train_dir):
                         % (train_dir, e.strerror or e)) from None
   if dest is None:
     return None
+  how = '' if storage.is_local(train_dir) else ' (on object storage: %s)' % storage.RENAME_NOTE
   print('--fresh: moved %d files from %s to %s%s: %s. TensorBoard no longer shows them under '
         '%s; to see the old run beside the new: tensorboard --logdir_spec=new:%s,old:%s. '
         'Delete that directory once you no longer need them.'
-        % (len(found), train_dir, dest, '' if storage.is_local(train_dir) else
-           ' (on object storage: %s)' % storage.RENAME_NOTE, ', '.join(found), train_dir, train_dir, dest))
+        % (len(found), train_dir, dest, how, ', '.join(found), train_dir, train_dir, dest))
   return dest
 

@@ -225,9 +225,12 @@ def move_aside(directory, patterns):
     return None, []
   dest = '%s-replaced-%s' % (storage.abspath(directory.rstrip('/')),
                              time.strftime('%Y%m%d-%H%M%S'))
-  if storage.exists(dest):
+  if storage.is_local(dest):
+    os.makedirs(dest)  # fails if it exists: never merged into another run's
+  elif storage.exists(dest):
     raise OSError(errno.EEXIST, 'File exists', dest)
-  storage.makedirs(dest)
+  else:
+    storage.makedirs(dest)
   for name in found:
     storage.move(os.path.join(directory, name), dest)
   return dest, found

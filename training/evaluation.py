@@ -195,7 +195,7 @@ def check_flags(options):
       not storage.isdir(options.checkpoint_dir)):
     raise errors.EvalError('--checkpoint_dir=%s is a file, not a directory; point it at '
                            'the trainer\'s --train_dir' % options.checkpoint_dir)
-  if _same_place(options.eval_dir, options.checkpoint_dir):
+  if storage.same_place(options.eval_dir, options.checkpoint_dir):
     raise errors.EvalError('--eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
                            'program a directory of its own so it never writes among the '
                            'trainer\'s files.' % options.eval_dir)
@@ -203,13 +203,6 @@ def check_flags(options):
   if why:
     raise errors.EvalError('--eval_dir=%s %s; give a directory this user can write to (it '
                            'is created if missing)' % (options.eval_dir, why))
-
-
-def _same_place(one, other):
-  """Whether two directories are one: local paths after their links, URLs as written."""
-  if storage.is_local(one) and storage.is_local(other):
-    return os.path.realpath(one) == os.path.realpath(other)
-  return one.rstrip('/') == other.rstrip('/')
 
 
 def _why_not_writable(directory):

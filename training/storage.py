@@ -94,6 +94,14 @@ def check(path, flag):
                         'name another; nothing was written.' % (flag, path, root))
 
 
+def same_place(one, other):
+  """Whether two paths name one place: local paths after their links, URLs as written
+  (an object store has no links)."""
+  if is_local(one) and is_local(other):
+    return os.path.realpath(one) == os.path.realpath(other)
+  return one.rstrip('/') == other.rstrip('/')
+
+
 def abspath(path):
   """os.path.abspath for a local path; a URL as it is."""
   return os.path.abspath(path) if is_local(path) else path
