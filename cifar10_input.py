@@ -22,6 +22,7 @@ if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then Tenso
   prelude.import_tensorflow()
 
 import collections
+import hashlib
 import io
 import posixpath
 import re
@@ -37,7 +38,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from training import errors, input_data, machine
+from training import errors, input_data, machine, storage
 
 # ---- The data set, as published ---------------------------------------------
 DATA_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz'
@@ -85,7 +86,7 @@ def train_records(data_dir):
   The official files hold 10,000 each (the tutorial's 50,000); a sample or a copy
   of your own counts what it holds, so the schedule's epochs are its own.
   """
-  count = sum(os.path.getsize(os.path.join(batches_dir(data_dir), name)) // RECORD_BYTES
+  count = sum(storage.size(os.path.join(batches_dir(data_dir), name)) // RECORD_BYTES
               for name in TRAIN_FILES)
   return count, '%s .. %s' % (TRAIN_FILES[0], TRAIN_FILES[-1])
 
@@ -110,12 +111,12 @@ def check_data_files(paths, records_per_file=None):
   """
   total = 0
   for path in paths:
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
       raise DataError(
           '%s is missing. Run with the data directory that holds the extracted '
           'CIFAR-10 binary files (--data_dir), or remove %s so they are downloaded '
           'again.' % (path, os.path.dirname(path)))
-    size = os.path.getsize(path)
+    size = storage.size(path)
     if size == 0 or size % RECORD_BYTES:
       raise DataError(
           '%s has %d bytes; expected a non-zero multiple of %d (records of 1 label '
@@ -130,7 +131,9 @@ def check_data_files(paths, records_per_file=None):
           'is cut short or not from that archive: remove %s to extract it again, or, '
           'for a copy of your own, pass its md5 as --data_md5.'
           % (path, count, records_per_file, os.path.dirname(path)))
-    labels = np.memmap(path, np.uint8, 'r', shape=(count, RECORD_BYTES))[:, 0]
+    labels = (np.memmap(path, np.uint8, 'r', shape=(count, RECORD_BYTES)) if
+              storage.is_local(path) else  # an object: read whole, as training will
+              np.frombuffer(storage.read(path), np.uint8).reshape(count, RECORD_BYTES))[:, 0]
     bad = np.flatnonzero(labels >= NUM_CLASSES)
     if bad.size:
       raise DataError(
@@ -252,9 +255,11 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   paths = [os.path.join(dest, f) for f in TRAIN_FILES + TEST_FILES]
   name = posixpath.basename(urllib.parse.urlparse(data_url).path) or 'cifar-10-binary.tar.gz'
   archive = os.path.join(data_dir, name)
-  if os.path.isdir(data_dir):
+  if storage.is_local(data_dir) and os.path.isdir(data_dir):
     _remove_killed_downloads(data_dir, name)
-  if os.path.isdir(dest):
+  if not storage.is_local(data_dir):
+    verified = _check_in_store(paths, per_file, data_dir)
+  elif os.path.isdir(dest):
     verified = _check_or_extract_again(paths, per_file, archive, data_md5, data_dir)
   else:
     _fetch(data_url, data_dir, archive, data_md5, DATA_BYTES if official else None,
@@ -265,9 +270,24 @@ def maybe_download_and_extract(data_dir, data_url=None, data_md5=None, deadlines
   if not official:
     md5 = data_md5 if verified else _own_md5(archive, data_md5, dest)
     print('CIFAR-10 copy with md5 %s in %s: %s' % (md5, dest, ', '.join(
-        '%s %d records' % (os.path.basename(p), os.path.getsize(p) // RECORD_BYTES)
+        '%s %d records' % (os.path.basename(p), storage.size(p) // RECORD_BYTES)
         for p in paths)))
   return dest
+
+
+def _check_in_store(paths, per_file, data_dir):
+  """Checks the extracted files of a --data_dir on an object store (gs://). The download
+  and the extraction write to a local --data_dir only, so a file missing or damaged
+  there stops the run saying how to put a copy in place. Returns False: no md5 checked."""
+  try:
+    check_data_files(paths, per_file)
+  except DataError as e:
+    raise DataError(
+        '%s On an object store the data set is not downloaded or extracted: download it '
+        'into a local --data_dir, then copy %s/ (and the archive) to %s (gsutil -m cp -r), '
+        'or write a sample there: python cifar10_input.py --write_sample=%s'
+        % (str(e).split('. ')[0] + '.', BATCHES_DIR, data_dir, data_dir)) from None
+  return False
 
 
 def _check_or_extract_again(paths, per_file, archive, data_md5, data_dir):
@@ -299,7 +319,7 @@ def _own_md5(archive, data_md5, dest):
   """--data_md5 of a copy of the user's own whose extracted files were already there,
   checked against the archive beside them: the md5 to print, with 'not checked (no
   archive beside it)', or a DataError when the archive has another."""
-  found = os.path.isfile(archive) and input_data.md5_of(archive)
+  found = storage.isfile(archive) and input_data.md5_of(archive)
   if not found:
     return '%s, not checked (no archive beside it)' % data_md5
   if found != data_md5:
@@ -667,7 +687,7 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
   """
   archive = os.path.join(data_dir, 'cifar-10-binary.tar.gz')
   for path in (archive, batches_dir(data_dir)):
-    if os.path.exists(path):
+    if storage.exists(path):
       raise DataError('%s already exists; nothing was written. Choose another directory '
                       'for the sample, or remove it.' % path)
   rng = np.random.default_rng(seed)
@@ -676,17 +696,17 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
     records = make_records(rng.integers(0, NUM_CLASSES, records_per_file), rng, learnable)
     members.append((posixpath.join(BATCHES_DIR, name),
                     (_mislabel(records, rng) if learnable else records).tobytes()))
-  os.makedirs(data_dir, exist_ok=True)
-  with tarfile.open(archive, 'w:gz') as tar:
+  packed = io.BytesIO()
+  with tarfile.open(fileobj=packed, mode='w:gz') as tar:
     for name, data in members:
       info = tarfile.TarInfo(name)
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
-  os.mkdir(batches_dir(data_dir))
+  storage.makedirs(batches_dir(data_dir))  # a local path or a URL (gs://)
+  storage.write(archive, packed.getvalue())
   for name, data in members:
-    with open(os.path.join(data_dir, name), 'wb') as f:
-      f.write(data)
-  return input_data.md5_of(archive)
+    storage.write(os.path.join(data_dir, name), data)
+  return hashlib.md5(packed.getvalue()).hexdigest()
 
 
 def define_flags(flag_values=flags.FLAGS):
@@ -707,10 +727,14 @@ def main(argv, flag_values=flags.FLAGS):
     sys.exit('error: --records_per_file must be at least 1, got %d'
              % flag_values.records_per_file)
   try:
+    storage.check(flag_values.write_sample, '--write_sample')
     md5 = write_sample(flag_values.write_sample, flag_values.records_per_file)
-  except (DataError, OSError) as e:
+  except (DataError, errors.TrainingError) as e:
     sys.exit('error: %s' % e)
-  data_dir = os.path.abspath(flag_values.write_sample)
+  except OSError as e:
+    sys.exit('error: cannot write the sample into %s: %s' % (flag_values.write_sample,
+                                                             e.strerror or e))
+  data_dir = storage.abspath(flag_values.write_sample)
   print('Wrote a learnable sample, %d records per file, to %s (archive md5 %s).'
         % (flag_values.records_per_file, batches_dir(data_dir), md5))
   data = '--data_dir=%s --data_md5=%s' % (data_dir, md5)

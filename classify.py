@@ -87,7 +87,13 @@ def load(model_dir):
   Raises:
     ClassifyError: not a SavedModel, or not of that shape.
   """
-  if not tf.saved_model.contains_saved_model(model_dir):
+  try:
+    is_model = tf.saved_model.contains_saved_model(model_dir)
+  except tf.errors.UnimplementedError:  # s3:// in TensorFlow 2.21
+    raise ClassifyError('--model_dir=%s: TensorFlow %s has no file system for %s (the '
+                        'tensorflow-io package adds s3:// and others).'
+                        % (model_dir, tf.__version__, model_dir.split('/')[0] + '//')) from None
+  if not is_model:
     raise ClassifyError('%s is not a SavedModel (it has no saved_model.pb). Write one with '
                         'python export_model.py --export_dir=%s' % (model_dir, model_dir))
   try:
@@ -111,7 +117,7 @@ def load(model_dir):
   num_classes = outputs['probabilities'].shape[-1]
   names = [str(i) for i in range(num_classes)]
   names_path = os.path.join(model_dir, CLASS_NAMES_FILE)
-  if os.path.exists(names_path):
+  if tf.io.gfile.exists(names_path):  # a local path or a URL (gs://)
     try:
       names = read_bounded(names_path, MAX_NAMES_BYTES).decode('utf-8').splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -194,9 +200,20 @@ def read_bounded(path, max_bytes):
   core here: this program needs no project code (see the docstring). A FIFO would
   wait for a writer forever and /dev/zero never ends: both are refused before a read.
 
+  A URL (gs://bucket/cat.png) is read through TensorFlow's file system, its size first.
+
   Raises:
     OSError: its strerror says what is wrong.
   """
+  if '://' in path:
+    try:
+      if tf.io.gfile.stat(path).length > max_bytes:
+        raise OSError(errno.EFBIG, 'more than %d bytes, the most this program reads'
+                      % max_bytes)
+      with tf.io.gfile.GFile(path, 'rb') as f:
+        return f.read()
+    except tf.errors.OpError as e:
+      raise OSError(errno.EIO, _first_line(e)) from None
   with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), 'rb') as f:
     info = os.fstat(f.fileno())
     if not stat.S_ISREG(info.st_mode):

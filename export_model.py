@@ -49,7 +49,7 @@ import cifar10
 import cifar10_input
 import mnist
 import mnist_input
-from training import checkpoints, directory, errors, evaluation, signals
+from training import checkpoints, directory, errors, evaluation, signals, storage
 
 # ---- Where things are: edit, save, rerun -----------------------------------------
 TRAIN_DIR = '/tmp/cifar10_train'      # the trainer's --train_dir
@@ -145,6 +145,12 @@ def check_export_dir(export_dir, overwrite):
   Raises:
     ExportError: it exists and may not be replaced; the message names what is there.
   """
+  if not storage.is_local(export_dir):
+    if storage.exists(export_dir):
+      raise ExportError('--export_dir %s exists; nothing was written. An export on object '
+                        'storage is not replaced (%s): remove it, or name another.'
+                        % (export_dir, storage.RENAME_NOTE))
+    return None
   if not os.path.lexists(export_dir):
     return None
   if os.path.islink(export_dir) or not os.path.isdir(export_dir):
@@ -175,6 +181,13 @@ def _entries(root):
   """{path relative to root: 'dir', 'file' or 'other' (a link, a FIFO...)} of everything
   under root; links are not followed."""
   found = {}
+  if not storage.is_local(root):  # an object store has no links or FIFOs
+    for top, subdirs, files in tf.io.gfile.walk(root):
+      below = top.rstrip('/')[len(root.rstrip('/')):].strip('/')
+      prefix = below + '/' if below else ''
+      found.update({prefix + name.rstrip('/'): 'dir' for name in subdirs})
+      found.update({prefix + name: 'file' for name in files})
+    return found
 
   def visit(directory, prefix):
     with os.scandir(directory) as listing:
@@ -303,6 +316,9 @@ def write(sess, signature, export_dir, replaced, class_names, checkpoint, record
     record: {name: value} for RECORD_FILE; the listing of what is written is added.
   """
   print('Writing %s from %s.' % (export_dir, checkpoint), flush=True)
+  if not storage.is_local(export_dir):
+    _write_to_store(sess, signature, export_dir, class_names, record)
+    return
   parent = os.path.dirname(os.path.abspath(export_dir))
   created = _first_missing(parent)
   staging, done = None, False
@@ -331,6 +347,25 @@ def write(sess, signature, export_dir, replaced, class_names, checkpoint, record
         _remove_created(parent, created)
 
 
+def _write_to_store(sess, signature, export_dir, class_names, record):
+  """write() on an object store (gs://): straight into export_dir, which did not exist
+  (check_export_dir), since a rename there is a copy and a delete, no more whole than
+  this. Its RECORD_FILE is written last; a failure, Ctrl-C or SIGTERM removes export_dir,
+  which holds only what this run wrote."""
+  done = False
+  try:
+    with signals.held():  # TensorFlow's builder, whose scopes a raise would unbalance
+      _write_staged(sess, signature, export_dir, class_names, record)
+    done = True
+  except (OSError, tf.errors.OpError) as e:
+    raise ExportError('cannot write the SavedModel %s: %s. Name an --export_dir you can '
+                      'write to.' % (export_dir, errors.os_error(e, export_dir))) from None
+  finally:
+    if not done:
+      with signals.held(reraise=False):  # the program is stopping already
+        storage.remove(export_dir)
+
+
 def _make_staging(parent, name):
   """A new directory beside the export, hidden: .NAME.export-XXXXXXXX."""
   try:
@@ -351,16 +386,14 @@ def _write_staged(sess, signature, staged, class_names, record):
           outputs={'classes': signature.classes,
                    'probabilities': signature.probabilities})})
   builder.save()
-  os.makedirs(os.path.dirname(os.path.join(staged, CLASS_NAMES_FILE)), exist_ok=True)
-  with open(os.path.join(staged, CLASS_NAMES_FILE), 'w') as f:
-    f.write(''.join(name + '\n' for name in class_names))
+  storage.makedirs(os.path.dirname(os.path.join(staged, CLASS_NAMES_FILE)))
+  storage.write(os.path.join(staged, CLASS_NAMES_FILE),
+                ''.join(name + '\n' for name in class_names))
   written = _entries(staged)
   written[RECORD_FILE.replace(os.sep, '/')] = 'file'
-  with open(os.path.join(staged, RECORD_FILE), 'w') as f:
-    json.dump(dict(record, files=sorted(p for p, kind in written.items() if kind == 'file'),
-                   directories=sorted(p for p, kind in written.items() if kind == 'dir')),
-              f, indent=1)
-    f.write('\n')
+  storage.write(os.path.join(staged, RECORD_FILE), json.dumps(dict(
+      record, files=sorted(p for p, kind in written.items() if kind == 'file'),
+      directories=sorted(p for p, kind in written.items() if kind == 'dir')), indent=1) + '\n')
 
 
 def _put_in_place(staged, export_dir, replaced, staging):
@@ -446,6 +479,11 @@ def export(train_dir, export_dir, dataset, overwrite=False):
     ExportError: nothing was written; the message says why and what to do.
   """
   data = DATASETS[dataset]
+  try:
+    storage.check(train_dir, '--train_dir')
+    storage.check(export_dir, '--export_dir')
+  except errors.TrainingError as e:
+    raise ExportError(str(e)) from None
   replaced = check_export_dir(export_dir, overwrite)
   went_away = None  # a checkpoint a running trainer rotated away meanwhile: the newest
   while True:
@@ -472,7 +510,7 @@ def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
         raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
     write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
           {'written_by': 'export_model.py', 'dataset': data.model.__name__,
-           'checkpoint': os.path.abspath(path), 'global_step': step})
+           'checkpoint': storage.abspath(path), 'global_step': step})
   return True
 
 

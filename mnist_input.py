@@ -31,7 +31,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from training import errors, input_data, machine
+from training import errors, input_data, machine, storage
 
 # ---- The data set, as published ------------------------------------------------
 DATA_URL = 'https://storage.googleapis.com/cvdf-datasets/mnist/'  # TensorFlow's copy
@@ -106,7 +106,7 @@ def check_records(path):
 
 def _checked(path):
   """Yields (uint8 [784] image, label) of each record of `path`, checked."""
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise DataError('%s is missing. Run with the --data_dir that holds train.tfrecords '
                     'and test.tfrecords, or remove them both to download and convert '
                     'MNIST again.' % path)
@@ -171,12 +171,17 @@ def maybe_download_and_convert(data_dir, data_url=None, data_md5=None, deadlines
     raise DataError('--data_md5 names the CIFAR-10 archive; MNIST\'s four files have '
                     'their own published md5s. Drop --data_md5.')
   data_url = data_url or DATA_URL
-  if os.path.isdir(data_dir):
+  if storage.is_local(data_dir) and os.path.isdir(data_dir):
     input_data.remove_killed_downloads(data_dir, [r'\.(?:%s)\.(\d+)\..*\.part$' % '|'.join(
         re.escape(n) for n in list(SOURCES) + list(SPLITS))])
   for record_file, sources in SPLITS.items():
     path = os.path.join(data_dir, record_file)
-    if not os.path.exists(path):
+    if not storage.is_local(data_dir) and not storage.exists(path):
+      raise DataError('%s is missing. On object storage MNIST is not downloaded or '
+                      'converted: convert it into a local --data_dir, then copy %s to %s, '
+                      'or write a sample there: python mnist_input.py --write_sample=%s'
+                      % (path, ' and '.join(SPLITS), data_dir, data_dir))
+    if not storage.exists(path):
       for source in sources:
         _fetch(data_url.rstrip('/') + '/' + source, data_dir, source,
                deadlines or input_data.Deadlines())
@@ -254,22 +259,30 @@ def write_records(path, images, labels):
   Written under a temporary name in the same directory, then renamed: a reader
   never sees half a file.
   """
+  if not storage.is_local(path):  # an object appears whole when its upload completes
+    _write_examples(path, images, labels)
+    return
   fd, tmp_path = input_data.temp_file(os.path.dirname(path) or '.',
                                      '.%s.%d.' % (os.path.basename(path), os.getpid()))
   os.close(fd)
   try:
-    with tf.io.TFRecordWriter(tmp_path) as writer:
-      for image, label in zip(images, labels):
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(
-                value=[image.astype(np.uint8).tobytes()])),
-            'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
-            'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-        })).SerializeToString())
+    _write_examples(tmp_path, images, labels)
     os.replace(tmp_path, path)
   except BaseException:
     os.remove(tmp_path)
     raise
+
+
+def _write_examples(path, images, labels):
+  """One tf.train.Example per image, with the book's features, as a TFRecord file."""
+  with tf.io.TFRecordWriter(path) as writer:
+    for image, label in zip(images, labels):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          'image_raw': tf.train.Feature(bytes_list=tf.train.BytesList(
+              value=[image.astype(np.uint8).tobytes()])),
+          'pixels': tf.train.Feature(int64_list=tf.train.Int64List(value=[IMAGE_PIXELS])),
+          'label': tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+      })).SerializeToString())
 
 
 # ---- The pipelines -------------------------------------------------------------
@@ -433,10 +446,10 @@ def write_sample(data_dir, train_records=SAMPLE_TRAIN_RECORDS,
     DataError: data_dir already holds one of them (nothing is overwritten).
   """
   for name in SPLITS:
-    if os.path.exists(os.path.join(data_dir, name)):
+    if storage.exists(os.path.join(data_dir, name)):
       raise DataError('%s already exists; nothing was written. Choose another directory '
                       'for the sample, or remove it.' % os.path.join(data_dir, name))
-  os.makedirs(data_dir, exist_ok=True)
+  storage.makedirs(data_dir)  # a local path or a URL (gs://)
   rng = np.random.default_rng(seed)
   for name, count in ((TRAIN_FILE, train_records), (TEST_FILE, test_records)):
     labels = rng.integers(0, NUM_CLASSES, count)
@@ -464,10 +477,14 @@ def main(argv, flag_values=flags.FLAGS):
     if flag_values[name].value < 1:
       sys.exit('error: --%s must be at least 1, got %d' % (name, flag_values[name].value))
   try:
+    storage.check(flag_values.write_sample, '--write_sample')
     write_sample(flag_values.write_sample, flag_values.train_records, flag_values.test_records)
-  except (DataError, OSError) as e:
+  except (DataError, errors.TrainingError, OSError) as e:
     sys.exit('error: %s' % e)
-  data_dir = os.path.abspath(flag_values.write_sample)
+  except tf.errors.OpError as e:  # on an object store: a bucket not writable, ...
+    sys.exit('error: cannot write the sample into %s: %s'
+             % (flag_values.write_sample, errors.one_line(e)))
+  data_dir = storage.abspath(flag_values.write_sample)
   print('Wrote a learnable MNIST sample to %s: %s %d records, %s %d records.'
         % (data_dir, TRAIN_FILE, flag_values.train_records, TEST_FILE,
            flag_values.test_records))

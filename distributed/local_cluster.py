@@ -28,7 +28,7 @@ import time
 
 import data_sets
 from distributed import cluster_env
-from training import errors, machine, signals, startup
+from training import errors, machine, signals, startup, storage
 from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -435,10 +435,17 @@ def main(flag_values):
       raise ValueError(too_many)
   except ValueError as e:
     raise errors.TrainingError(str(e)) from None
+  settings = trainer_settings.settings_from_flags(flag_values)
+  for flag, path in (('--train_dir', settings.train_dir), ('--data_dir', settings.data_dir)):
+    if not storage.is_local(path) and not (flag == '--data_dir' and settings.synthetic):
+      raise errors.TrainingError(
+          '%s=%s: --local_cluster runs its tasks in a private network namespace whose only '
+          'interface is loopback, where object storage cannot be reached. Give local '
+          'paths, or start the tasks yourself with TF_CONFIG (docs/distributed.md).'
+          % (flag, path))
   # The data once, here, rather than racing in every worker; a signal stops its download.
   stop = signals.StopSignals()
-  startup.prepare_data(trainer_settings.settings_from_flags(flag_values),
-                       data_sets.DATASETS[flag_values.dataset].input, stop)
+  startup.prepare_data(settings, data_sets.DATASETS[flag_values.dataset].input, stop)
   # Every flag given on this command line goes to every task.
   task_flags = [flag_values[name].serialize() for name in flag_values
                 if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]

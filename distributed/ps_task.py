@@ -1,12 +1,11 @@
 """A ps task's life: serve the variables until the workers have finished, and the
 check every task makes first, that the job is not already over.
 """
-import os
 
 import tensorflow as tf
 
 from distributed import ps_shutdown, task_cluster
-from training import checkpoints, errors, startup
+from training import checkpoints, errors, startup, storage
 
 FINISHED_REPORT_SECS = 5     # a worker started after the end tells the ps tasks, if up
 
@@ -63,7 +62,7 @@ def job_is_over(cluster, spec, settings):
   if step is None or step < settings.max_steps:
     return False
   path = checkpoints.in_this_dir(settings.train_dir, latest, [])
-  if not os.path.exists(path + '.index'):  # named, but gone: the chief's checks say so
+  if not storage.exists(path + '.index'):  # named, but gone: the chief's checks say so
     return False
   print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
                                         startup.nothing_to_do(path, step, settings.max_steps)),

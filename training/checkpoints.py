@@ -12,6 +12,7 @@ import re
 
 import tensorflow as tf
 
+from training import storage
 from training.directory import entries, move_aside, read_bounded, remove, write_whole
 from training.errors import TrainingError, one_line, os_error
 
@@ -39,7 +40,7 @@ def _checkpoints_on_disk(train_dir):
 
 def saved(train_dir, step):
   """True when train_dir holds a checkpoint of this global step."""
-  return os.path.exists(os.path.join(train_dir, '%s-%d.index' % (CHECKPOINT_PREFIX, step)))
+  return storage.exists(os.path.join(train_dir, '%s-%d.index' % (CHECKPOINT_PREFIX, step)))
 
 
 def read_whole(path):
@@ -69,7 +70,7 @@ def read_state_file(train_dir):
   from google.protobuf import text_format  # TensorFlow's own parser of this file
   from tensorflow.python.checkpoint import checkpoint_management
   state_file = os.path.join(train_dir, STATE_FILE)
-  if not os.path.exists(state_file):
+  if not storage.exists(state_file):
     return None
   fix = ('Fix it (its first line names the latest checkpoint: model_checkpoint_path: '
          '"%s-<step>"), or remove it; to train from step 0 instead, pass the trainer '
@@ -95,16 +96,19 @@ def in_this_dir(train_dir, path, notes):
   A state file written with absolute paths (older versions of this trainer, or
   TensorFlow's default) names the directory it was written in; a relative path with
   a directory in it names another directory as well. After the
-  directory was moved or copied, its own file of that name is the one meant.
+  directory was moved or copied, its own file of that name is the one meant. (On an
+  object store, paths are compared as written: no links there.)
   """
-  if not os.path.isabs(path):
+  if not (os.path.isabs(path) or storage.scheme(path)):
     if not os.path.dirname(path):
       return os.path.join(train_dir, path)
-    path = os.path.normpath(os.path.join(train_dir, path))  # '../run1/model.ckpt-5'
+    path = os.path.join(train_dir, path)
+    if storage.is_local(path):
+      path = os.path.normpath(path)  # '../run1/model.ckpt-5' (normpath would cut gs://)
   local = os.path.join(train_dir, os.path.basename(path))
-  if os.path.realpath(os.path.dirname(path)) == os.path.realpath(train_dir):
+  if storage.same_place(os.path.dirname(path), train_dir):
     return local
-  if os.path.exists(local + '.index'):
+  if storage.exists(local + '.index'):
     notes.append('%s names %s; using %s in this directory.'
                  % (os.path.join(train_dir, STATE_FILE), path, local))
     return local
@@ -132,7 +136,7 @@ def checkpoint_to_resume(train_dir):
       no checkpoint on disk reads whole.
   """
   notes = remove_leftovers(train_dir)
-  named = read_state_file(train_dir) if os.path.isdir(train_dir) else None
+  named = read_state_file(train_dir) if storage.isdir(train_dir) else None
   if named is None:
     path, step, more_notes = _newest_whole_checkpoint(train_dir)
     return path, step, notes + more_notes
@@ -158,7 +162,7 @@ def _own_checkpoints(train_dir, paths):
   here = os.path.dirname(os.path.join(train_dir, 'x'))
   return [p for p in reversed(paths) if os.path.dirname(p) == here and
           CHECKPOINT_INDEX.match(os.path.basename(p) + '.index') and
-          os.path.exists(p + '.index')]
+          storage.exists(p + '.index')]
 
 
 def _rotation(train_dir):
@@ -171,7 +175,7 @@ def _rotation(train_dir):
 
 
 def _newest_whole_checkpoint(train_dir):
-  found = _checkpoints_on_disk(train_dir) if os.path.isdir(train_dir) else []
+  found = _checkpoints_on_disk(train_dir) if storage.isdir(train_dir) else []
   if not found:
     return None, 0, []
   skipped = []
@@ -196,7 +200,7 @@ def rotated_away(path, went_away):
   """Whether the checkpoint at path, which failed to read, has gone since it was found:
   a running trainer rotated it away, and the newest will do (said here). False for one
   gone before (went_away: a state file that nobody updates names it) or still there."""
-  if os.path.exists(path + '.index') or path == went_away:
+  if storage.exists(path + '.index') or path == went_away:
     return False
   print('%s went away while being read (a trainer rotates its checkpoints); trying the '
         'newest.' % path, flush=True)
@@ -393,9 +397,10 @@ def set_aside(train_dir):
                         % (train_dir, e.strerror or e)) from None
   if dest is None:
     return None
-  print('--fresh: moved %d files from %s to %s: %s. TensorBoard no longer shows them under '
+  how = '' if storage.is_local(train_dir) else ' (on object storage: %s)' % storage.RENAME_NOTE
+  print('--fresh: moved %d files from %s to %s%s: %s. TensorBoard no longer shows them under '
         '%s; to see the old run beside the new: tensorboard --logdir_spec=new:%s,old:%s. '
         'Delete that directory once you no longer need them.'
-        % (len(found), train_dir, dest, ', '.join(found), train_dir, train_dir, dest))
+        % (len(found), train_dir, dest, how, ', '.join(found), train_dir, train_dir, dest))
   return dest
 

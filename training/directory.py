@@ -1,5 +1,7 @@
 """The training directory: its checks, its lock (one trainer per directory), its files;
 and how every program reads a file a user can put anything at: read_bounded, parse_json.
+Any of them may be on an object store (gs://): storage.py reaches it, and says what
+holds there instead of the lock and the atomic rename.
 
 The directory's own files are found by listing it and matching their names,
 never by a glob of its path: a --train_dir such as runs/g[12] must not reach
@@ -13,11 +15,10 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import stat
 import time
 
-from training import errors
+from training import errors, storage
 from training.errors import TrainingError
 
 
@@ -28,8 +29,10 @@ MAX_JSON_DEPTH = 100              # levels of [ and {: a run record has 4, TF_CO
 
 def check_train_dir(train_dir):
   """Raises TrainingError when train_dir names something other than a directory, or
-  a path TensorFlow could not read a checkpoint back from."""
-  if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+  a path TensorFlow could not read a checkpoint back from, or a URL TensorFlow cannot
+  reach (storage.check)."""
+  storage.check(train_dir, '--train_dir')
+  if storage.exists(train_dir) and not storage.isdir(train_dir):
     raise TrainingError('--train_dir %s is a file, not a directory. Point --train_dir '
                         'at a directory (it is created if missing).' % train_dir)
   found = sorted(set(GLOB_CHARACTERS) & set(train_dir))
@@ -43,7 +46,7 @@ def check_train_dir(train_dir):
 def make_train_dir(train_dir):
   """Creates train_dir if missing, or raises TrainingError naming it and the OS error."""
   try:
-    os.makedirs(train_dir, exist_ok=True)
+    storage.makedirs(train_dir)
   except OSError as e:
     raise TrainingError('cannot create --train_dir %s: %s. Point it at a directory you '
                         'can write to.' % (train_dir, errors.not_created(e, train_dir))) from None
@@ -59,9 +62,15 @@ def lock_train_dir(train_dir):
   Returns:
     the open lock file; keep a reference for the whole run.
 
+  On an object store there is no such lock: it says so in one line (storage.NOT_LOCKED)
+  and returns a context that holds nothing.
+
   Raises:
     TrainingError: another process holds the lock, naming it by PID.
   """
+  if not storage.is_local(train_dir):
+    print(storage.NOT_LOCKED % train_dir, flush=True)
+    return contextlib.nullcontext()
   path = os.path.join(train_dir, LOCK_FILE)
   not_a_file = ('%s is not a regular file (a symbolic link, a directory or a pipe), so '
                 'the trainer will not write its PID into it. Remove it; the trainer '
@@ -107,9 +116,14 @@ def lock_train_dir(train_dir):
 def write_whole(path, text):
   """Writes text to path through a temporary file beside it: all of it or nothing.
 
+  On an object store, in place: an upload is all or nothing by itself.
+
   Raises:
     OSError: the temporary file is removed; path is as it was.
   """
+  if not storage.is_local(path):
+    storage.write(path, text)
+    return
   tmp_path = '%s.tmp%d' % (path, os.getpid())
   try:
     with open(tmp_path, 'w') as f:
@@ -138,6 +152,14 @@ def read_bounded(path, max_bytes, follow_links=True):
     OSError: its strerror says what is wrong, for a one-line message ('not a regular
       file but a FIFO', '21474836480 bytes, more than the 1048576 expected', the OS's).
   """
+  if not storage.is_local(path):  # an object: no FIFO or device there; its size first
+    if storage.isdir(path):
+      raise OSError(errno.EINVAL, 'not a regular file but a directory', path)
+    size = storage.size(path)
+    if size > max_bytes:
+      raise OSError(errno.EFBIG, '%d bytes, more than the %d expected' % (size, max_bytes),
+                    path)
+    return storage.read(path)
   fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else os.O_NOFOLLOW))
   with os.fdopen(fd, 'rb') as f:
     mode, size = os.fstat(fd).st_mode, os.fstat(fd).st_size
@@ -186,28 +208,29 @@ def parse_json(text, max_depth=MAX_JSON_DEPTH):
 
 def entries(train_dir):
   """The names of train_dir's entries: listed, never globbed (see the module docstring)."""
-  return os.listdir(train_dir) if os.path.isdir(train_dir) else []
+  return storage.listdir(train_dir)
 
 
-def remove(path):
-  """Removes a file, a symbolic link (not what it points at) or a directory tree."""
-  if os.path.isdir(path) and not os.path.islink(path):
-    shutil.rmtree(path, ignore_errors=True)
-  else:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
+remove = storage.remove  # a file, a symbolic link (not what it points at), a tree
 
 
 def move_aside(directory, patterns):
   """Moves the files of `directory` whose names match one of `patterns` (fnmatch) into a
   new <directory>-replaced-<date>-<time>/ beside it. Returns (that directory, the names
-  moved), or (None, []) when none match. Raises OSError."""
+  moved), or (None, []) when none match. Raises OSError. On an object store each move
+  is a copy and a delete (storage.RENAME_NOTE)."""
   found = sorted(name for name in entries(directory)
                  if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
   if not found:
     return None, []
-  dest = '%s-replaced-%s' % (os.path.abspath(directory), time.strftime('%Y%m%d-%H%M%S'))
-  os.makedirs(dest)
+  dest = '%s-replaced-%s' % (storage.abspath(directory.rstrip('/')),
+                             time.strftime('%Y%m%d-%H%M%S'))
+  if storage.is_local(dest):
+    os.makedirs(dest)  # fails if it exists: never merged into another run's
+  elif storage.exists(dest):
+    raise OSError(errno.EEXIST, 'File exists', dest)
+  else:
+    storage.makedirs(dest)
   for name in found:
-    shutil.move(os.path.join(directory, name), dest)
+    storage.move(os.path.join(directory, name), dest)
   return dest, found

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import data_sets
 from training import input_data, machine
-from training import checkpoints, directory, errors, settings, summaries
+from training import checkpoints, directory, errors, settings, storage, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -187,10 +187,16 @@ def check_flags(options):
                          settings.deadlines(options)):
     if value < 1:
       raise errors.EvalError('--%s must be at least 1, got %d' % (name, value))
-  if os.path.exists(options.checkpoint_dir) and not os.path.isdir(options.checkpoint_dir):
+  try:
+    for flag in ('--checkpoint_dir', '--eval_dir', '--data_dir'):
+      storage.check(getattr(options, flag[2:]), flag)
+  except errors.TrainingError as e:
+    raise errors.EvalError(str(e)) from None
+  if (storage.exists(options.checkpoint_dir) and
+      not storage.isdir(options.checkpoint_dir)):
     raise errors.EvalError('--checkpoint_dir=%s is a file, not a directory; point it at '
                            'the trainer\'s --train_dir' % options.checkpoint_dir)
-  if os.path.realpath(options.eval_dir) == os.path.realpath(options.checkpoint_dir):
+  if storage.same_place(options.eval_dir, options.checkpoint_dir):
     raise errors.EvalError('--eval_dir is the trainer\'s --checkpoint_dir (%s); give this '
                            'program a directory of its own so it never writes among the '
                            'trainer\'s files.' % options.eval_dir)
@@ -201,7 +207,10 @@ def check_flags(options):
 
 
 def _why_not_writable(directory):
-  """Why this user can neither write to directory nor create it; None if it can."""
+  """Why this user can neither write to directory nor create it; None if it can (on an
+  object store, only a write tells: its error is said then)."""
+  if not storage.is_local(directory):
+    return None
   path = os.path.abspath(directory)
   existing = path
   while not os.path.lexists(existing):  # the nearest part of the path that exists
@@ -254,7 +263,10 @@ def _writer_for(eval_dir, step, writer, latest):
           '--logdir_spec=new:%s,old:%s' % (eval_dir, latest, len(found), dest, eval_dir, dest))
     writer = latest = None
   if writer is None:
-    os.makedirs(eval_dir, exist_ok=True)  # checked writable at start-up
+    try:
+      storage.makedirs(eval_dir)  # checked writable at start-up, where it can be
+    except OSError as e:
+      raise errors.EvalError('cannot create --eval_dir=%s: %s' % (eval_dir, e.strerror or e))
     writer = summaries.SummaryWriter(eval_dir)
   return writer, max(step, latest or step)
 

@@ -23,7 +23,7 @@ import warnings
 import tensorflow as tf
 from tensorflow.python.util import deprecation
 
-from training import errors, mixed_precision
+from training import errors, mixed_precision, storage
 from training.errors import DataError
 
 DOWNLOAD_TIMEOUT_SECS = 4 * 3600  # a whole download; 170 MB at 100 kbit/s takes 3.8 h
@@ -37,16 +37,12 @@ def md5_of(path):
   """The md5 of the file at path, streamed; DataError for a FIFO or a device, whose
   read would wait forever or never end."""
   check_regular(path)
-  digest = hashlib.md5()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
+  return storage.md5_of(path)
 
 
 def check_regular(path):
   """Raises DataError unless path (followed through links) is a regular file."""
-  if os.path.exists(path) and not os.path.isfile(path):
+  if storage.exists(path) and not storage.isfile(path):
     raise DataError('%s is not a regular file (a FIFO, a device or a directory), so it is '
                     'not read. Remove it; the program downloads or writes its own.' % path)
 
@@ -312,7 +308,7 @@ def tfrecords(path):
     DataError: naming the file, the record, its offset and what to do.
   """
   check_regular(path)  # a FIFO would block TensorFlow's reader forever
-  size, offset, index = os.path.getsize(path), 0, 0
+  size, offset, index = storage.size(path), 0, 0
   try:
     # tf_record_iterator checks each record's CRCs. It is deprecated in favour of
     # eager tf.data, which graph-mode programs such as the trainers do not have.

@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from training import machine, mixed_precision
+from training import machine, mixed_precision, storage
 from training.directory import parse_json, read_bounded, write_whole
 from training.errors import TrainingError, one_line
 
@@ -89,7 +89,7 @@ def data_read(data_input, settings):
   official URL that the input module's constants name."""
   if settings.synthetic:
     return 'synthetic'
-  source = collections.OrderedDict(data_dir=os.path.abspath(settings.data_dir))
+  source = collections.OrderedDict(data_dir=storage.abspath(settings.data_dir))
   if settings.data_md5:
     source['copy'] = 'your own archive, md5 %s (--data_md5)' % settings.data_md5
   else:
@@ -118,8 +118,7 @@ def changes_since(train_dir, record, named_whole=False):
   so: 'BATCH_SIZE 128 -> 16 (multi_gpu_train.py), overridden by --batch_size=32'.
   named_whole: the record is named by its path (one --fresh moved), not its name.
   """
-  previous = sorted(name for name in (os.listdir(train_dir) if os.path.isdir(train_dir)
-                                      else []) if RECORD_NAME.match(name))
+  previous = sorted(name for name in storage.listdir(train_dir) if RECORD_NAME.match(name))
   if not previous:
     return None
   path = os.path.join(train_dir, previous[-1])

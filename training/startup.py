@@ -18,13 +18,12 @@ and a step that cannot fit stops the run with one line:
 """
 import collections
 import contextlib
-import os
 
 import numpy as np
 import tensorflow as tf
 
 from training import checkpoints, machine
-from training import directory
+from training import directory, storage
 from training import input_data
 from training import updates
 from training.errors import TrainingError
@@ -55,9 +54,10 @@ def start(exit_stack, settings, data_input, stop_when_done=True, stop=None):
   """
   train_dir = settings.train_dir
   directory.check_train_dir(train_dir)
+  check_data_dir(settings)  # before the lock, which writes into an existing train_dir
   check_precision(settings)
   locked = False
-  if os.path.isdir(train_dir):  # before reading its checkpoints
+  if storage.isdir(train_dir):  # before reading its checkpoints
     exit_stack.enter_context(directory.lock_train_dir(train_dir))
     locked = True
   checkpoint, start_step, notes = (
@@ -78,11 +78,19 @@ def prepare_data(settings, data_input, stop=None):
   """The data set downloaded if missing, and checked, within --download_timeout_secs
   and --download_stall_secs; nothing with --synthetic. stop (a StopSignals, or None):
   a Ctrl-C or SIGTERM meanwhile stops the download at once (signals.Interrupted)."""
+  check_data_dir(settings)  # dist_train.py's workers and launcher start here
   if not settings.synthetic:
     with stop.raising() if stop else contextlib.nullcontext():
       data_input.prepare(settings.data_dir, settings.data_url, settings.data_md5,
                          input_data.Deadlines(settings.download_timeout_secs,
                                              settings.download_stall_secs))
+
+
+def check_data_dir(settings):
+  """A --data_dir of a scheme TensorFlow lacks (s3://), or of a missing bucket: a
+  TrainingError in one line (storage.check); nothing with --synthetic."""
+  if not settings.synthetic:
+    storage.check(settings.data_dir, '--data_dir')
 
 
 def check_precision(settings):

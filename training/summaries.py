@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from training import storage
 from training.errors import os_error
 
 # TensorBoard shows its chart groups (a tag's part before the first '/') sorted by
@@ -43,7 +44,7 @@ def new_event_file(logdir):
   while True:
     path = os.path.join(logdir, 'events.out.tfevents.%010d.%s.%06d' % (
         now, socket.gethostname(), round(now % 1 * 1e6) % 1000000))
-    if not os.path.exists(path):
+    if not storage.exists(path):
       return path
     now += 1e-6
 
