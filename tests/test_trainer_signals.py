@@ -23,6 +23,46 @@ def _split(lines, marker):
   return lines[:at], lines[at + 1:]
 
 
+# ---- A signal as a program ends ----------------------------------------------------
+
+ENDING_PROGRAM = """
+import os, signal, sys, time
+sys.path.insert(0, %r)
+from training import errors, signals
+
+
+class SignalAtTeardown:
+  # SIGTERM as Python tears its modules down, after it has put back the default action
+  # of the handlers it installed: as a job stopped whole reaches a task that has ended.
+  def __del__(self, kill=os.kill, pid=os.getpid(), sleep=time.sleep):
+    kill(pid, signal.SIGTERM)
+    sleep(0.2)
+
+
+at_teardown = SignalAtTeardown()
+with errors.one_line_errors():
+  stop = signals.StopSignals()
+  print('stop requested:', stop.requested, flush=True)  # the step loop's last look
+  if sys.argv[1:] == ['late']:
+    os.kill(os.getpid(), signal.SIGTERM)  # after that look: as the run ends
+"""
+
+
+@pytest.mark.parametrize('late, code', [(False, 0), (True, 143)], ids=['at_teardown', 'late'])
+def test_program_signalled_as_it_ends_exits_its_code_not_killed(tmp_path, late, code):
+  """A task signalled as it ended died of the signal (-15): Python puts back the default
+  action of its handlers as it exits. A signal after the work is written changes
+  nothing; one heard after the step loop's last look is the exit code, said."""
+  script = tmp_path / 'ending.py'
+  script.write_text(ENDING_PROGRAM % helpers.ROOT)
+  # Fresh: a forked run ends in os._exit, without the teardown this is about.
+  done = helpers.run([sys.executable, str(script)] + (['late'] if late else []), fresh=True)
+  assert done.code == code and 'Traceback' not in done.err, done.log()
+  assert done.out.splitlines() == ['stop requested: False'] + (
+      ['Stopped by SIGTERM as the run ended; its work was done and written.'] if late
+      else []), done.log()
+
+
 # ---- A second trainer on one directory; SIGTERM; readers not blocked --------------
 
 @pytest.mark.slow

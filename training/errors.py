@@ -72,6 +72,7 @@ def one_line_errors():
   """
   try:
     yield
+    signals.finish()  # done: a late signal is its exit code, not death by it
   except PeerGone as e:
     print('error: %s' % e, file=sys.stderr, flush=True)
     sys.exit(PEER_GONE_EXIT_CODE)

@@ -16,6 +16,7 @@ SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 
 _early = []  # the signal hold_until_ready() heard before a StopSignals was made
+_made = []   # the StopSignals of this program: finish() reads what they heard
 
 
 def hold_until_ready():
@@ -72,6 +73,8 @@ class StopSignals:
     self._train_dir = train_dir
     self._said_again = False
     self._starting = False  # inside raising(): before the first step, nothing to save
+    self._answered = False  # `requested` has said True: the program acts on the stop
+    _made.append(self)
     for signum in SIGNAL_EXIT_CODES:
       signal.signal(signum, self._handle)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -149,7 +152,13 @@ class StopSignals:
 
   @property
   def requested(self):
+    self._answered = self._answered or self.signum is not None
     return self.signum is not None
+
+  @property
+  def unanswered(self):
+    """Heard after the program's last look at `requested`: as it ended."""
+    return self.signum is not None and not self._answered
 
   @property
   def name(self):
@@ -214,6 +223,22 @@ def ignore():
   said, exiting (one would raise inside Python's exit functions, a traceback)."""
   for signum in SIGNAL_EXIT_CODES:
     signal.signal(signum, signal.SIG_IGN)
+
+
+def finish():
+  """A program's work is done and written: a signal from here on changes nothing, and
+  one its StopSignals heard after their last look (as the run ended: a job stopped
+  whole as it reached --max_steps) makes the exit its code, 143 or 130, said in a line.
+
+  Without this, a SIGTERM while Python exits killed the task (-15): Python puts back
+  the default action of every handler it installed as it finalizes, but not SIG_IGN.
+  """
+  ignore()
+  heard = [stop for stop in _made if stop.unanswered]
+  if heard:
+    print('Stopped by %s as the run ended; its work was done and written.' % heard[0].name,
+          flush=True)
+    sys.exit(heard[0].exit_code)
 
 
 @contextlib.contextmanager

@@ -22,10 +22,12 @@ choice, TF_CPP_MIN_LOG_LEVEL, PYTHONPATH, ...) differ from the server's
 (import_environment), anything but a script (`python -c`), and the runs whose tests ask
 for fresh ones, as what they check happens as TensorFlow loads: test_prelude.py's and
 test_onednn.py's (the lines TensorFlow prints then, the setting it reads then), and
-test_trainer_signals.py's signal sent while TensorFlow loads.
+test_trainer_signals.py's signals sent while TensorFlow loads and as Python exits.
 
-One difference from a fresh process remains: TensorFlow's process-wide generator, which
-unseeded ops draw from, may be shared by the children of one server (numpy's and
+Two differences from a fresh process remain. A child ends in os._exit once its script
+returns: Python's own exit (its handlers put back, its modules torn down) is not run,
+so a test of what happens there runs fresh. And TensorFlow's process-wide generator,
+which unseeded ops draw from, may be shared by the children of one server (numpy's and
 Python's are reseeded in each child); a test that needs two runs to differ gives seeds.
 """
 import atexit
