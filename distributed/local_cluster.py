@@ -33,7 +33,8 @@ from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           'dist_train.py')
-STOP_TASKS_SECS = 5          # SIGTERM to SIGKILL for tasks still running
+STOP_TASKS_SECS = 30         # SIGTERM to SIGKILL for tasks still running, as Kubernetes'
+                             # grace: a ps task serves a save up to 15 s, then exits
 STOP_CHIEF_SECS = 60         # stopped by a signal: the workers' last steps, the chief's save
 END_SECS = 60                # once the workers (or the ps tasks) have ended, the others
                              # must end by themselves within this, or they are stopped

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -517,3 +518,28 @@ def test_data_file_cut_mid_run_chief_saves_then_each_worker_stops_in_one_line(ta
                         % (re.escape(path), then), errors[0]), errors[0]
   step = int(re.search(r'Saved step (\d+)', chief.err).group(1))
   assert helpers.global_step(train_dir) == step > 5, chief.log()
+
+
+@pytest.mark.slow
+def test_sync_worker_killed_mid_run_chief_exits_138_within_its_step_timeout_ps_with_it(
+    tasks, tmp_path):
+  """A sync job whose other worker is SIGKILL'd: no update can be averaged, and the
+  chief's step ends at --step_timeout_secs (the watchdog, 30 s after it, is the
+  backstop); the ps task ends with the chief's 138. The chief took 220 s, once."""
+  step_timeout_secs = 5
+  job = {name: tasks(argv) for name, argv in helpers.job_commands(1, 2, QUICK_FLAGS + [
+      '--train_dir=%s' % tmp_path, '--sync_replicas', '--max_steps=100000',
+      '--summary_steps=0', '--step_timeout_secs=%d' % step_timeout_secs] +
+      STEADY_FLAGS).items()}
+  for name in ('worker0', 'worker1'):
+    job[name].wait_for(step_at_least(3), 'step 3')
+  job['worker1'].kill()
+  killed_at = time.time()
+  assert job['worker0'].finish() == 138, job['worker0'].log()
+  # The step's own timeout, and time to say so; not the watchdog's slack on top.
+  assert time.time() - killed_at < step_timeout_secs + 15, job['worker0'].log()
+  assert job['ps0'].finish(timeout=30) == 138, job['ps0'].log()
+  errors = [line for line in job['worker0'].err_lines if line.startswith('error')]
+  assert len(errors) == 1 and errors[0].startswith(
+      'error: worker 0: no averaged update within --step_timeout_secs=5.'), job['worker0'].log()
+  assert 'Traceback' not in job['worker0'].text
