@@ -224,3 +224,18 @@ def test_local_cluster_sync_ctrl_c_chief_saves_then_every_task_stops_130(tasks, 
                          r'command to resume\.$', launcher.text, re.M)
   assert tf.train.latest_checkpoint(str(tmp_path)).endswith('model.ckpt-%s' % stopped)
   assert helpers.tasks_of(launcher.pid) == {}
+
+
+@pytest.mark.slow
+def test_local_cluster_chief_killed_ps_serves_its_wait_out_not_sigkilled(tasks, tmp_path):
+  """The chief SIGKILL'd: the launcher stops the ps task, which serves a save that will
+  not come for ps_shutdown.STOP_WAIT_SECS, then says it stopped and exits. The launcher
+  SIGKILL'd it 5 s after its SIGTERM, before that line."""
+  launcher = local_cluster_task(tasks, 1, 1, tmp_path, *STEADY_FLAGS, '--max_steps=10000000',
+                                '--summary_steps=0', '--log_frequency=100')
+  launcher.wait_for(lambda line: line.startswith('[worker0] ') and WORKER_LOSS_LINE.match(
+      line.partition('] ')[2]), 'a step of worker0')
+  os.kill(helpers.task_pid(launcher.pid, 'worker', 0), signal.SIGKILL)
+  assert launcher.finish() == 1, launcher.log()
+  assert '[ps0] ps task 0 stopped by SIGTERM' in launcher.lines, launcher.log()
+  assert helpers.tasks_of(launcher.pid) == {}
