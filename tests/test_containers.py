@@ -67,7 +67,7 @@ def docker(env, *args, timeout=120):
 def image():
   """The docker CLI's environment (DOCKER_HOST), with IMAGE built and NETWORK made;
   its containers are the test's own (env)."""
-  was_running = _running(os.path.join(STATE_DIR, 'dockerd.pid'))
+  was_running = helpers.pid_file_alive(os.path.join(STATE_DIR, 'dockerd.pid'))
   started = helpers.run(['bash', SCRIPT, 'start'], timeout=600)
   assert started.code == 0, started.log()
   host = re.search(r'^export DOCKER_HOST=(\S+)$', started.out, re.M).group(1)
@@ -104,15 +104,6 @@ def _stop(was_running):
   if not was_running:
     stopped = helpers.run(['bash', SCRIPT, 'stop'])
     assert stopped.code == 0, stopped.log()
-
-
-def _running(pid_file):
-  try:
-    with open(pid_file) as f:
-      os.kill(int(f.read()), 0)
-    return True
-  except (OSError, ValueError):
-    return False
 
 
 @pytest.fixture

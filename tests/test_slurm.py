@@ -53,7 +53,7 @@ def slurm(tmp_path_factory):
 
   sbatch hands the job this environment, so the tasks run this Python.
   """
-  was_running = _running(os.path.join(STATE_DIR, 'slurmctld.pid'))
+  was_running = helpers.pid_file_alive(os.path.join(STATE_DIR, 'slurmctld.pid'))
   started = helpers.run(['bash', SCRIPT, 'start'], timeout=600)
   assert started.code == 0, started.log()
   conf = re.search(r'^export SLURM_CONF=(\S+)$', started.out, re.M).group(1)
@@ -64,15 +64,6 @@ def slurm(tmp_path_factory):
   if not was_running:
     stopped = helpers.run(['bash', SCRIPT, 'stop'])
     assert stopped.code == 0, stopped.log()
-
-
-def _running(pid_file):
-  try:
-    with open(pid_file) as f:
-      os.kill(int(f.read()), 0)
-    return True
-  except (OSError, ValueError):
-    return False
 
 
 @pytest.fixture

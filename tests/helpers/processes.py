@@ -368,6 +368,17 @@ def tasks_of(launcher_pid):
   return {pid: words for pid, (parent, words) in marked.items() if parent not in marked}
 
 
+def pid_file_alive(pid_file):
+  """Whether the process a daemon's pid file names is running (a daemon the tests may
+  start, and then stop only if it was not running before)."""
+  try:
+    with open(pid_file) as f:
+      os.kill(int(f.read()), 0)
+    return True
+  except (OSError, ValueError):
+    return False
+
+
 def task_pid(launcher_pid, job_name, task_index):
   """The PID of one task a --local_cluster launcher started (AssertionError if none)."""
   wanted = {'--job_name=%s' % job_name, '--task_index=%d' % task_index}
