@@ -141,30 +141,3 @@ def test_readme_and_requirements_state_the_python_the_check_asks_for():
   for name in ('README.md', 'requirements.txt'):
     with open(os.path.join(helpers.ROOT, name)) as f:
       assert wanted in ' '.join(f.read().split()), name
-
-
-AS_PID_ONE = """
-import os, sys
-sys.path.insert(0, %r)
-from training import prelude
-prelude.import_tensorflow(for_life=True)  # dist_train.py's filter, kept for life
-print('pid', os.getpid(), flush=True)
-os.write(2, b'the last words, with no newline')
-os._exit(3)
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('unshare'),
-                    reason='a PID namespace of its own needs root and unshare')
-def test_filter_for_life_as_pid_1_passes_a_last_partial_line_and_the_exit_code(tmp_path):
-  """A container's first process: when PID 1 exits the kernel kills every other process
-  of its namespace, and the filter, its child, lost a last line in 1 or 2 of 6 runs.
-  The program now runs in PID 1's child, and PID 1 exits after the filter is done."""
-  script = tmp_path / 'as_pid_one.py'
-  script.write_text(AS_PID_ONE % helpers.ROOT)
-  for _ in range(4):
-    done = helpers.run(['unshare', '--pid', '--fork', '--mount-proc', sys.executable,
-                        str(script)])
-    assert done.code == 3 and done.err.endswith('the last words, with no newline'), done.log()
-    assert done.out.startswith('pid ') and done.out != 'pid 1\n', done.log()  # in the child

@@ -41,7 +41,6 @@ SAID_BY_THE_PROGRAM = (('master_session.cc', 'Cleanup partition error: '),)
 DETAIL = ('Additional GRPC error information from remote target ',
           ':UNKNOWN:Error received from peer ')
 BANNER = 'WARNING: All log messages before absl::InitializeLog() is called are written to'
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # absl's help flags: True where only the program's own flags are listed.
 HELP_ARGS = {'--help': False, '-help': False, '-?': False, '--helpfull': False,
              '-helpfull': False, '--helpshort': True, '-helpshort': True}
@@ -103,11 +102,6 @@ def import_tensorflow(environ=None, for_life=False):
   has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind. With
   TensorFlow loaded already (a program forked from a loaded one: the tests'), for_life
   still starts the filter, for the lines TensorFlow prints from then on.
-
-  As PID 1 (a container's first process) for life, the roles swap: the program goes
-  on in the child, and PID 1 filters, passes Ctrl-C and SIGTERM on to it, and exits
-  with its code once its last line is out (_filter_as_init). The other way round,
-  the kernel would kill the filter the moment PID 1 exited, a last line unsaid.
   """
   environ = os.environ if environ is None else environ
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
@@ -117,21 +111,15 @@ def import_tensorflow(environ=None, for_life=False):
     return
   sys.stderr.flush()
   read_end, write_end = os.pipe()
-  as_init = for_life and os.getpid() == 1
-  if as_init:  # a signal before PID 1 passes them on waits for it
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
   child = os.fork()
-  if as_init and child:
-    os.close(write_end)
-    _filter_as_init(read_end, level, child)
-  if as_init:
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-  if child == 0 and not as_init:  # passes the lines on until TensorFlow is in or we exit
+  if child == 0:  # passes the lines on until TensorFlow is in, or the parent is gone
     os.close(write_end)
     for signum in (signal.SIGINT, signal.SIGTERM):  # the parent decides; this drains
       signal.signal(signum, signal.SIG_IGN)
     try:
-      _pass_lines_on(read_end, level)
+      with os.fdopen(read_end, 'rb') as lines, os.fdopen(2, 'wb', buffering=0) as out:
+        for line in filter_lines(lines, level):
+          out.write(line)
     finally:
       os._exit(0)
   os.close(read_end)
@@ -148,32 +136,6 @@ def import_tensorflow(environ=None, for_life=False):
       os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the child ends
       os.close(saved_stderr)
       os.waitpid(child, 0)  # and its lines come before anything printed after
-
-
-def _pass_lines_on(read_end, level):
-  with os.fdopen(read_end, 'rb') as lines, os.fdopen(2, 'wb', buffering=0) as out:
-    for line in filter_lines(lines, level):
-      out.write(line)
-
-
-def _filter_as_init(read_end, level, program):
-  """PID 1's life once the program runs in its child `program`: Ctrl-C and SIGTERM
-  passed on to it, its stderr filtered to the end, every orphan the kernel hands PID 1
-  reaped; then exits with the program's code (128 + N for death by signal N)."""
-  for signum in STOP_SIGNALS:
-    signal.signal(signum, lambda signum, frame: os.kill(program, signum))
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-  code = 1
-  try:
-    _pass_lines_on(read_end, level)
-    while True:
-      pid, status = os.waitpid(-1, 0)
-      if pid == program:
-        code = os.waitstatus_to_exitcode(status)
-        break
-  finally:
-    sys.stdout.flush()
-    os._exit(128 - code if code < 0 else code)
 
 
 def min_level(value):
