@@ -22,7 +22,7 @@ import time
 
 import tensorflow as tf
 
-from training import checkpoints, errors, mixed_precision, steps, summaries
+from training import checkpoints, errors, mixed_precision, signals, steps, summaries
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
@@ -261,7 +261,7 @@ def _exit_stopped(stop, progress, is_chief, what):
           'to resume%s.\n' % (stop.name, progress.step, ' without saving it' if is_chief
                                else '', what, ' from the last checkpoint' if is_chief else ''))
   os.write(1, line.encode())  # not print(): the main thread may hold stdout's lock
-  os._exit(stop.exit_code)  # pylint: disable=protected-access
+  signals.exit_now(stop.exit_code)
 
 
 def _step_ends(progress, secs):
@@ -301,7 +301,7 @@ def start_watchdog():
       if deadline and time.time() > deadline:
         print('error: %s' % message, file=sys.stderr, flush=True)
         # The main thread is stuck inside TensorFlow: no clean way out.
-        os._exit(errors.PEER_GONE_EXIT_CODE)
+        signals.exit_now(errors.PEER_GONE_EXIT_CODE)
 
   threading.Thread(target=watch, daemon=True).start()
 

@@ -101,7 +101,8 @@ def import_tensorflow(environ=None, for_life=False):
   child ends once this process, and every process it started that shares its stderr,
   has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind. With
   TensorFlow loaded already (a program forked from a loaded one: the tests'), for_life
-  still starts the filter, for the lines TensorFlow prints from then on.
+  still starts the filter, for the lines TensorFlow prints from then on. As PID 1 (a
+  container's first process), whose exit kills it, the exit waits for it to drain.
   """
   environ = os.environ if environ is None else environ
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
@@ -123,6 +124,8 @@ def import_tensorflow(environ=None, for_life=False):
     finally:
       os._exit(0)
   os.close(read_end)
+  if for_life and os.getpid() == 1:  # PID 1's exit would kill it: it drains first, last
+    signals.keep_stderr_filter_until_exit(child)  # of the exit functions (registered first)
   saved_stderr = os.dup(2)
   os.dup2(write_end, 2)
   os.close(write_end)

@@ -4,11 +4,13 @@ download: StopSignals.raising), stops where it is and removes what it was writin
 
 A second Ctrl-C exits at once; a second SIGTERM changes nothing (StopSignals).
 """
+import atexit
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 
 
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
@@ -17,6 +19,8 @@ SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 _early = []  # the signal hold_until_ready() heard before a StopSignals was made
 _made = []   # the StopSignals of this program: finish() reads what they heard
+_stderr_filter = []  # prelude's filter process kept for life, when this is PID 1
+DRAIN_SECS = 2       # exit_now's longest wait for that filter to pass the last line on
 
 
 def hold_until_ready():
@@ -33,7 +37,7 @@ def hold_until_ready():
     if _early and signum == signal.SIGINT:
       os.write(2, b'Stopped by a second Ctrl-C before training started; nothing was '
                   b'written.\n')
-      os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
+      exit_now(SIGNAL_EXIT_CODES[signum])
     if not _early:
       _early.append(signum)
   for signum in SIGNAL_EXIT_CODES:
@@ -139,7 +143,7 @@ class StopSignals:
                   'Stopped by %s without saving; the last checkpoint in %s is untouched.\n'
                   % (which, self._train_dir))
           os.write(2, line.encode())  # not sys.stderr: the main thread may hold its lock
-          os._exit(SIGNAL_EXIT_CODES[signum])  # pylint: disable=protected-access
+          exit_now(SIGNAL_EXIT_CODES[signum])
         else:
           self._say_sigterm_again(1)
 
@@ -223,6 +227,41 @@ def ignore():
   said, exiting (one would raise inside Python's exit functions, a traceback)."""
   for signum in SIGNAL_EXIT_CODES:
     signal.signal(signum, signal.SIG_IGN)
+
+
+def exit_now(code):
+  """os._exit(code), for a program that cannot wait for Python's exit; as PID 1 (a
+  container's first process) first the stderr filter gets its last line out."""
+  drain_stderr_filter()
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def keep_stderr_filter_until_exit(pid):
+  """prelude's: as PID 1, the filter child `pid` gets the last line out before this exits
+  (the kernel kills every other process of the namespace as PID 1 exits: a last line
+  without its newline was lost in 1 of 6 runs)."""
+  _stderr_filter.append(pid)
+  atexit.register(drain_stderr_filter)
+
+
+def drain_stderr_filter():
+  """Closes this process's stderr, the filter's pipe, and waits up to DRAIN_SECS for the
+  filter to pass on what is in it and end."""
+  if not _stderr_filter:
+    return
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)  # the pipe's write end closed: the filter reads to its end
+  os.close(devnull)
+  deadline = time.time() + DRAIN_SECS
+  while time.time() < deadline:
+    with contextlib.suppress(ChildProcessError):
+      if os.waitpid(_stderr_filter[0], os.WNOHANG)[0]:
+        break
+    time.sleep(0.01)
+  _stderr_filter.clear()
 
 
 def finish():
