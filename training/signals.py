@@ -239,7 +239,7 @@ def exit_now(code):
 def keep_stderr_filter_until_exit(pid):
   """prelude's: as PID 1, the filter child `pid` gets the last line out before this exits
   (the kernel kills every other process of the namespace as PID 1 exits: a last line
-  without its newline was lost in 1 of 6 runs)."""
+  without its newline was lost, in 8 runs of 8 ending in sys.exit, 1 of 6 in os._exit)."""
   _stderr_filter.append(pid)
   atexit.register(drain_stderr_filter)
 
@@ -257,9 +257,11 @@ def drain_stderr_filter():
   os.close(devnull)
   deadline = time.time() + DRAIN_SECS
   while time.time() < deadline:
-    with contextlib.suppress(ChildProcessError):
+    try:
       if os.waitpid(_stderr_filter[0], os.WNOHANG)[0]:
         break
+    except ChildProcessError:  # reaped already
+      break
     time.sleep(0.01)
   _stderr_filter.clear()
 
