@@ -36,7 +36,7 @@ def partitioner(num_ps):
   Saver writes the parts as slices of one tensor under the variable's own name, so a
   checkpoint is the model's whatever the ps count: multi_gpu_train.py, the evaluation
   and the export read it, and a job restarted with another ps count resumes from it.
-  With 2 ps tasks the largest holds 51% of the bytes, with 4 ps tasks 27%.
+  With 2 ps tasks the largest holds 51% of the bytes, with 4 ps tasks 26%.
   """
   if num_ps < 2:
     return None
