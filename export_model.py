@@ -332,6 +332,9 @@ def write(sess, signature, export_dir, replaced, class_names, checkpoint, record
       _put_in_place(staged, export_dir, replaced, staging)
       done = True
       _remove_staging(staging, replaced)
+    # In place: the export is done. A signal from here on (the session closing, the
+    # lines that say so) changes nothing; raised there, it was said to have removed it.
+    signals.ignore()
   except signals.Interrupted as e:
     e.finished = done  # it came while the export was moved into place: that came first
     raise
@@ -357,6 +360,7 @@ def _write_to_store(sess, signature, export_dir, class_names, record):
     with signals.held():  # TensorFlow's builder, whose scopes a raise would unbalance
       _write_staged(sess, signature, export_dir, class_names, record)
     done = True
+    signals.ignore()  # written whole: a signal from here on changes nothing (as write())
   except (OSError, tf.errors.OpError) as e:
     raise ExportError('cannot write the SavedModel %s: %s. Name an --export_dir you can '
                       'write to.' % (export_dir, errors.os_error(e, export_dir))) from None

@@ -4,6 +4,7 @@ One CIFAR-10 model (20 steps on the session's sample) exported once by the progr
 and one MNIST model exported in this process, serve every test that needs a model: those
 tests carry @pytest.mark.xdist_group('export') so that one test process trains them once.
 """
+import contextlib
 import json
 import os
 import re
@@ -291,7 +292,7 @@ def _export_signalled(tasks, train_dir, export_dir, offset):
   start = time.time()
   if offset is not None:
     time.sleep(offset)
-    if task.process.poll() is None:
+    with contextlib.suppress(ProcessLookupError):  # it ended just now: nothing to stop
       task.send(signal.SIGTERM)
   code = task.finish()
   return task, code, time.time() - start
