@@ -537,23 +537,20 @@ def main(argv):
   tf.compat.v1.disable_eager_execution()
   # ERROR: the v1 builder warns that it is v1 at every signature; writing v1 is the point.
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-  written = False
   try:
     path, step = export(train_dir, export_dir, FLAGS.dataset, FLAGS.overwrite)
-    written = True
-    with signals.held():  # the lines that say so are never cut, nor denied after
-      say_written(export_dir, path, step, data)
-    signals.ignore()  # done: a signal while Python exits changes nothing
   except ExportError as e:
     sys.exit('error: %s' % e)
-  except signals.Interrupted as e:  # write() has removed what it wrote
-    if written or e.finished:
+  except signals.Interrupted as e:  # write() has removed what it wrote, unless in place
+    if e.finished:
       print('Stopped by %s once %s was written whole.' % (e.name, export_dir),
             file=sys.stderr, flush=True)
     else:
       print('Stopped by %s; the partial export is removed: %s is as it was.'
             % (e.name, export_dir), file=sys.stderr, flush=True)
     sys.exit(e.exit_code)
+  # write() ignores signals from the swap on: these lines are never cut, nor denied after.
+  say_written(export_dir, path, step, data)
 
 
 def say_written(export_dir, path, step, data):

@@ -61,7 +61,15 @@ def bytes_by_port(launcher_pid, ports):
 
 
 def _ss(argv):
-  return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.splitlines()
+  """The lines `ss` prints; SystemExit in one line where it cannot run (no iproute2's ss,
+  or nsenter without root)."""
+  try:
+    return subprocess.run(argv, capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+  except (OSError, subprocess.CalledProcessError) as e:
+    raise SystemExit('error: %s failed (%s); run as root with `ss` and `nsenter` '
+                     '(iproute2, util-linux) installed' % (' '.join(argv), getattr(
+                         e, 'stderr', None) or e)) from None
 
 
 def _own_namespace(pid):

@@ -238,8 +238,8 @@ def exit_now(code):
 
 def keep_stderr_filter_until_exit(pid):
   """prelude's: as PID 1, the filter child `pid` gets the last line out before this exits
-  (the kernel kills every other process of the namespace as PID 1 exits: a last line
-  without its newline was lost, in 8 runs of 8 ending in sys.exit, 1 of 6 in os._exit)."""
+  (the kernel kills every other process of the namespace as PID 1 exits, and a last line
+  without its newline went with it: tests/test_prelude.py's PID 1 test)."""
   _stderr_filter.append(pid)
   atexit.register(drain_stderr_filter)
 
