@@ -220,15 +220,10 @@ def stop_like_kubelet(env, pods):
 
 
 def wait_for_exits(env, pods, timeout=helpers.RUN_TIMEOUT_SECS):
-  """Every pod's exit code, once all have exited."""
-  deadline = time.time() + timeout
-  while True:
-    codes = [pod.exit_code(env) for pod in pods]
-    if None not in codes:
-      return codes
-    assert time.time() < deadline, 'still running after %d s: %s' % (
-        timeout, [p.name for p, c in zip(pods, codes) if c is None])
-    time.sleep(0.5)
+  """Every pod's exit code, once all have exited: `docker wait`, which returns as they do."""
+  done = docker(env, 'wait', *[pod.name for pod in pods], timeout=timeout)
+  assert done.code == 0, done.log()
+  return [int(code) for code in done.out.split()]
 
 
 def job_log(env, pods):

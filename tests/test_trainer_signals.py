@@ -26,7 +26,7 @@ def _split(lines, marker):
 # ---- A signal as a program ends ----------------------------------------------------
 
 ENDING_PROGRAM = """
-import os, signal, sys, time
+import os, signal, sys
 sys.path.insert(0, %r)
 from training import errors, signals
 
@@ -34,9 +34,8 @@ from training import errors, signals
 class SignalAtTeardown:
   # SIGTERM as Python tears its modules down, after it has put back the default action
   # of the handlers it installed: as a job stopped whole reaches a task that has ended.
-  def __del__(self, kill=os.kill, pid=os.getpid(), sleep=time.sleep):
-    kill(pid, signal.SIGTERM)
-    sleep(0.2)
+  def __del__(self, kill=os.kill, pid=os.getpid()):
+    kill(pid, signal.SIGTERM)  # delivered before kill returns: to this process itself
 
 
 at_teardown = SignalAtTeardown()
