@@ -20,7 +20,10 @@ The table, per number of towers N (global batch N x --batch_size):
                     MirroredStrategy, each batch timed by a callback
   GFLOP/s, of mm    synthetic examples/sec x FLOPs per example, and that as a share
                     of the machine's measured float32 matmul rate
-  peak MB           ru_maxrss of each configuration's process
+  peak MB           ru_maxrss of each configuration's process, forked after
+                    TensorFlow's import: what the configuration touched, about
+                    300 MB less than a fresh process, which also counts the
+                    library pages its import read
   bfloat16          on a CPU with bfloat16 units, at each N with oneDNN on: ours
                     with --use_bf16 and both peers under Keras' mixed_bfloat16 policy
                     (float32 variables, LRN and logits), from the same weights; printed
@@ -34,9 +37,10 @@ loss lines) and each target against what was measured (targets.py).
 Files: this one parses the flags and writes every number to --json (default
 benchmarks/results/benchmark.json, or profile.json); table.py, dist_rows.py and
 op_profile.py schedule the runs and print, loss_lines.py reads the dist rows' rates
-from the programs' output, targets.py holds the targets. runner.py starts one
-`python -m benchmarks.worker` process per configuration, so devices, thread pools and
-memory start clean; measure_*.py time inside it, keras_peer.py is the peers' model,
+from the programs' output, targets.py holds the targets. runner.py runs one
+`python -m benchmarks.worker` process per configuration, forked from a parent that
+has imported TensorFlow (one per environment), so devices, thread pools and memory
+start clean without the seconds of an import each; measure_*.py time inside it, keras_peer.py is the peers' model,
 timing.py what both sides share. This process and its modules import no TensorFlow.
 """
 import json

@@ -18,11 +18,14 @@ def run_profile(args):
     settings.append(('on, bfloat16', dict(onednn=True, use_bf16=True)))
   runner = Runner(len(settings))
   results = {}
-  for name, overrides in settings:
-    config = ours_config(args, towers, 'synthetic', kind='profile', steps=TRACED_STEPS,
-                         **overrides)
-    results[name] = runner.run('ours N=%d synthetic traced, oneDNN %s' % (towers, name),
-                               config)
+  try:
+    for name, overrides in settings:
+      config = ours_config(args, towers, 'synthetic', kind='profile', steps=TRACED_STEPS,
+                           **overrides)
+      results[name] = runner.run('ours N=%d synthetic traced, oneDNN %s' % (towers, name),
+                                 config)
+  finally:
+    runner.close()
   print()
   print('One step of ours, N=%d, %d images per tower, synthetic: op time per step (ms) and '
         'share of all op time, mean of %d traced steps after %d warm-up; ops on the two '

@@ -1,13 +1,17 @@
 """The parent's side of a worker: start it, read its result, summarise step times.
 
-Imports no TensorFlow: every number comes from a worker.py subprocess.
+Imports no TensorFlow: every number comes from a worker.py process, forked from a
+worker parent (worker.serve) that has imported it, one parent per environment.
 """
 import json
 import os
 import platform
+import select
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from benchmarks.timing import RESULT_PREFIX, BenchmarkError
@@ -31,38 +35,101 @@ BF16_UNITS = bool(set(machine.BFLOAT16_FLAGS) & machine.cpu_flags())
 
 
 class Runner:
-  """Runs worker subprocesses one at a time, numbering them for the progress lines."""
+  """Runs worker processes one at a time, numbering them for the progress lines."""
 
   def __init__(self, total):
     self.total, self.done = total, 0
+    self.parents = {}  # a worker environment (JSON) -> its WorkerParent
 
   def run(self, label, config, env=None):
-    """Runs one configuration in a fresh process; returns its result dict."""
-    command = [sys.executable, '-m', WORKER, json.dumps(config)]
+    """Runs one configuration in a process of its own; returns its result dict."""
+    environ = worker_env(config, env)
+    key = json.dumps(environ, sort_keys=True)
+    if key not in self.parents:
+      self.parents[key] = WorkerParent(environ)
     start = time.time()
-    try:
-      proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                            env=worker_env(config, env), timeout=WORKER_TIMEOUT_SECS)
-    except subprocess.TimeoutExpired as e:
+    code, stdout, stderr = self.parents[key].run(json.dumps(config), WORKER_TIMEOUT_SECS)
+    if code is None:
       raise BenchmarkError('%s ran longer than %d s and was stopped; lower --steps or '
-                           '--batch_size' % (label, WORKER_TIMEOUT_SECS)) from e
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if proc.returncode or not lines:
-      output = (proc.stdout + proc.stderr).strip().splitlines()
+                           '--batch_size' % (label, WORKER_TIMEOUT_SECS))
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if code or not lines:
+      output = (stdout + stderr).strip().splitlines()
       raise BenchmarkError('%s failed (exit status %d). Its last output lines:\n%s\n'
                            'To rerun it alone, from %s: python -m %s \'%s\''
-                           % (label, proc.returncode, '\n'.join(output[-25:]), ROOT,
+                           % (label, code, '\n'.join(output[-25:]), ROOT,
                               WORKER, json.dumps(config)))
     result = json.loads(lines[-1][len(RESULT_PREFIX):])
     result.update(label=label, config=config, wall_sec=time.time() - start)
     self.progress(label, _rate_note(result), result['wall_sec'])
     return result
 
+  def close(self):
+    for parent in self.parents.values():
+      parent.close()
+
   def progress(self, label, note, wall_sec):
     """Counts a run as done and says so on stderr: '[ 4/17] ours N=1 synthetic: ...'."""
     self.done += 1
     print('[%2d/%d] %s%s (%.0f s)' % (self.done, self.total, label, note, wall_sec),
           file=sys.stderr, flush=True)
+
+
+class WorkerParent:
+  """`python -m benchmarks.worker --parent` in one environment: it imports TensorFlow
+  once and forks a worker per configuration (worker.serve), a process of its own.
+
+  OPENBLAS_NUM_THREADS=1: numpy's OpenBLAS would otherwise start threads at import,
+  and a fork copies no thread (the workers' numbers are TensorFlow's, not numpy's).
+  """
+
+  def __init__(self, environ):
+    self.errors = tempfile.TemporaryFile('w+')  # the parent's own stderr, for a failure
+    self.process = subprocess.Popen([sys.executable, '-m', WORKER, '--parent'], cwd=ROOT,
+                                    env=dict(environ, OPENBLAS_NUM_THREADS='1'),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=self.errors)
+    self.answers = b''  # what the parent said and was not yet read
+
+  def run(self, config, timeout):
+    """(exit code, stdout, stderr) of one worker; the code is None when it ran past
+    timeout seconds and was killed."""
+    with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_worker_') as directory:
+      out, err = os.path.join(directory, 'out'), os.path.join(directory, 'err')
+      request = json.dumps(dict(config=config, out=out, err=err)) + '\n'
+      self.process.stdin.write(request.encode())
+      self.process.stdin.flush()
+      pid = self._answer('pid', None)
+      code = self._answer('exit', timeout)
+      if code is None:
+        os.kill(pid, signal.SIGKILL)
+        self._answer('exit', None)
+      with open(out) as o, open(err) as e:
+        return code, o.read(), e.read()
+
+  def _answer(self, word, timeout):
+    """The number of the parent's next line `word N`; None after timeout seconds."""
+    deadline = None if timeout is None else time.time() + timeout
+    while b'\n' not in self.answers:
+      left = None if deadline is None else max(deadline - time.time(), 0)
+      if not select.select([self.process.stdout], [], [], left)[0]:
+        return None
+      more = os.read(self.process.stdout.fileno(), 4096)
+      if not more:
+        self.process.wait()
+        self.errors.seek(0)
+        raise BenchmarkError('the worker parent (python -m %s --parent) exited with %d: %s'
+                             % (WORKER, self.process.returncode, self.errors.read()[-2000:]))
+      self.answers += more
+    line, self.answers = self.answers.split(b'\n', 1)
+    found, number = line.decode().split()
+    assert found == word, (found, word)  # the parent answers pid, then exit, in turn
+    return int(number)
+
+  def close(self):
+    self.process.stdin.close()
+    self.process.wait()
+    self.errors.close()
 
 
 def worker_env(config, env=None):

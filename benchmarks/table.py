@@ -44,14 +44,17 @@ def run_table(args, data_dir):
       BF16_UNITS * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
   runner = Runner(1 + args.repeats * per_repeat)
-  counted = runner.run('FLOPs from the layer shapes', dict(kind='flops'))
-  flops = dict(counted['per_example'], layers=counted['layers'])
   runs = {}
-  with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_start_') as start_dir:
-    for repeat in range(args.repeats):
-      run_repeat(args, data_dir, start_dir, runner, runs, repeat)
-      if not args.skip_dist:
-        dist_rows.run_repeat(args, runner, runs, repeat)
+  try:
+    counted = runner.run('FLOPs from the layer shapes', dict(kind='flops'))
+    with tempfile.TemporaryDirectory(prefix='cifar10_benchmark_start_') as start_dir:
+      for repeat in range(args.repeats):
+        run_repeat(args, data_dir, start_dir, runner, runs, repeat)
+        if not args.skip_dist:
+          dist_rows.run_repeat(args, runner, runs, repeat)
+  finally:
+    runner.close()
+  flops = dict(counted['per_example'], layers=counted['layers'])
   table = summarise(args, runs, flops)
   print_table(args, table)
   print_precisions(args, table)

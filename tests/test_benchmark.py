@@ -231,6 +231,33 @@ def test_benchmark_parent_imports_no_tensorflow():
   assert run.code == 0, run.log()
 
 
+def test_runner_workers_forked_from_one_parent_per_environment_fail_and_time_out_alone(
+    monkeypatch):
+  work = runner.Runner(total=5)
+  try:
+    first = work.run('matmul', dict(kind='matmul', size=64, runs=2, onednn=False))
+    again = work.run('matmul again', dict(kind='matmul', size=64, runs=2, onednn=False))
+    assert first['gflops'] > 0 and again['gflops'] > 0
+    assert len(work.parents) == 1  # the same environment: one parent, two children
+    work.run('matmul oneDNN on', dict(kind='matmul', size=64, runs=2, onednn=True))
+    assert len(work.parents) == 2
+    with pytest.raises(runner.BenchmarkError) as failed:  # a config without its size
+      work.run('broken matmul', dict(kind='matmul', runs=2, onednn=False))
+    message = str(failed.value)
+    assert message.startswith('broken matmul failed (exit status 1).'), message
+    assert "KeyError: 'size'" in message and 'python -m benchmarks.worker' in message
+    monkeypatch.setattr(runner, 'WORKER_TIMEOUT_SECS', 1)
+    with pytest.raises(runner.BenchmarkError, match='^long matmul ran longer than 1 s and '
+                       'was stopped; lower --steps or --batch_size$'):
+      work.run('long matmul', dict(kind='matmul', size=1024, runs=10 ** 6, onednn=False))
+    # Each worker is a child of its parent, never the parent itself: it still serves.
+    assert work.run('after', dict(kind='matmul', size=64, runs=2, onednn=False))['gflops'] > 0
+    assert all(parent.process.poll() is None for parent in work.parents.values())
+  finally:
+    work.close()
+  assert [parent.process.returncode for parent in work.parents.values()] == [0, 0]
+
+
 def test_benchmark_bad_flag_exits_with_one_line_naming_it():
   run = helpers.run(BENCHMARK + ['--towers=1,x'])
   assert run.code == 1, run.log()
