@@ -231,6 +231,7 @@ def test_benchmark_parent_imports_no_tensorflow():
   assert run.code == 0, run.log()
 
 
+@pytest.mark.slow
 def test_runner_workers_forked_from_one_parent_per_environment_fail_and_time_out_alone(
     monkeypatch):
   work = runner.Runner(total=5)
