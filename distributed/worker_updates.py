@@ -69,6 +69,12 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   restarted after a stop, the ps still up, could hand out no token again
   (CancelledError: FIFOQueue 'sync_token_q' is closed).
 
+  The moving averages: stepped inside the update, before the tokens go out
+  (ThenAverage). Given to the base as variable_averages, they would be stepped
+  after it has handed out the tokens: a chief whose last step returned on its
+  token could save while they were one update behind (seen once in five full
+  runs: test_sync_two_workers_equal_one_process_sgd_unlike_async, 2026-11-28).
+
   fp16 (loss_scale given): the queue runner applies the aggregated gradient
   through SkipOverflow, which also steps the moving averages, only when it is
   finite.
@@ -77,14 +83,15 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   def __init__(self, opt, replicas_to_aggregate, total_num_replicas, worker_device,
                ema, loss_scale=None):
     super().__init__(opt, replicas_to_aggregate=replicas_to_aggregate,
-                     total_num_replicas=total_num_replicas,
-                     variable_averages=None if loss_scale else ema,
-                     variables_to_average=tf.compat.v1.trainable_variables())
+                     total_num_replicas=total_num_replicas)
     self._worker_device = worker_device
     self.skip_overflow = None
-    if loss_scale:  # what the base's apply_gradients applies the aggregate with
+    # What the base's apply_gradients applies the aggregate with, on the queue runner.
+    if loss_scale:
       self.skip_overflow = self._opt = SkipOverflow(opt, ema, loss_scale,
                                                     self._accumulator_list)
+    else:
+      self._opt = ThenAverage(opt, ema)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     # device(None) drops the enclosing device functions; the ops given no device
@@ -99,6 +106,18 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     return tf.compat.v1.train.QueueRunner(
         runner.queue, runner.enqueue_ops, close_op=leave_open, cancel_op=leave_open,
         queue_closed_exception_types=(tf.errors.OutOfRangeError, tf.errors.CancelledError))
+
+
+class ThenAverage:
+  """Sync: applies SyncReplicasOptimizer's aggregated gradient, then the moving
+  averages (updates.then_average), as one op: the update the tokens wait for."""
+
+  def __init__(self, opt, ema):
+    self._opt, self._ema = opt, ema
+
+  def apply_gradients(self, grads_and_vars, global_step):
+    return updates.then_average(self._opt.apply_gradients(grads_and_vars, global_step),
+                                self._ema)
 
 
 class SkipOverflow:

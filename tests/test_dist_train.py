@@ -31,7 +31,7 @@ from helpers import (DONE_LINE, RESUMING_LINE, SAVED_LINE, SKIP_LINE, STEADY_FLA
                      run_job)
 import data_sets
 import dist_train
-from distributed import chief, local_cluster, ps_placement
+from distributed import chief, local_cluster, ps_placement, worker_updates
 import cifar10
 import mnist
 import multi_gpu_train
@@ -269,6 +269,36 @@ def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_proce
   # changed meanwhile: they differ from one-process SGD by far more than sync's
   # tolerance (measured 8.3e-4 to above 1e-3).
   assert max(np.abs(async_[name] - sync[name]).max() for name in sync) > 1e-4
+
+
+def test_sync_update_steps_the_moving_averages_before_it_hands_out_the_tokens():
+  # A worker's step returns on its token: the chief saves once its last step has. So
+  # the averages of an update must be stepped before the tokens go out, or that save
+  # can hold them one update behind (what the test above once caught, 1 run in 5).
+  with tf.Graph().as_default() as graph:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    weights = tf.compat.v1.get_variable('weights', [2], initializer=tf.zeros_initializer())
+    ema = tf.train.ExponentialMovingAverage(0.9, global_step)
+    sync = worker_updates.SyncReplicas(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                       2, 2, '/job:worker/task:0', ema)
+    sync.apply_gradients([(tf.ones([2]), weights)], global_step=global_step)
+    [hand_out] = [op for op in graph.get_operations() if op.type == 'QueueEnqueueManyV2']
+    assert 'sync_token_q' in hand_out.inputs[0].name
+    # The queue runner's one op per update is that enqueue: nothing runs after it.
+    assert sync.get_chief_queue_runner().enqueue_ops == [hand_out]
+    before, todo = set(), [hand_out]
+    while todo:
+      op = todo.pop()
+      for earlier in [t.op for t in op.inputs] + list(op.control_inputs):
+        if earlier not in before:
+          before.add(earlier)
+          todo.append(earlier)
+    averaged = {op.name for op in before if op.type.startswith('Assign')
+                and 'ExponentialMovingAverage' in op.name}
+    assert averaged, sorted(op.name for op in before)
+    applied = [op for op in before if op.type == 'ResourceApplyGradientDescent'
+               or op.type == 'ApplyGradientDescent']
+    assert applied, sorted(op.name for op in before)
 
 
 # ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----
