@@ -17,12 +17,6 @@ import pytest
 import helpers
 from training import directory, errors
 
-def _split(lines, marker):
-  """The lines before marker and after it."""
-  at = lines.index(marker)
-  return lines[:at], lines[at + 1:]
-
-
 # ---- A signal as a program ends ----------------------------------------------------
 
 ENDING_PROGRAM = """
@@ -134,6 +128,17 @@ def test_lock_file_not_regular_refused(tmp_path, make):
 SIGNALLED = '-- the test sent its signal here --'  # helpers.send_and_mark's line
 
 
+def test_split_at_mark_puts_a_line_the_mark_landed_in_back_together_before_it():
+  loss = '2026-11-28 13:49:30.001: step 3, loss = 4.66 (9.0 examples/sec; 0.9 sec/batch)'
+  # Between lines; inside print()'s two writes (text, newline); inside print('a', 'b').
+  assert helpers.split_at_mark(['a', loss, SIGNALLED, 'b'], SIGNALLED) == (['a', loss], ['b'])
+  assert helpers.split_at_mark(['a', loss + SIGNALLED, '', 'b'], SIGNALLED) == (
+      ['a', loss], ['b'])
+  assert helpers.split_at_mark(['a', 'step' + SIGNALLED, ' 3', 'b'], SIGNALLED) == (
+      ['a', 'step 3'], ['b'])
+  assert helpers.split_at_mark([loss[:10] + SIGNALLED], SIGNALLED) == ([loss[:10]], [])
+
+
 def test_ctrl_c_while_building_the_graph_stops_before_the_session(sample, tmp_path, tasks):
   # The data check's line comes just before the graph is built (start()), and reaches
   # a pipe at once only if the trainer flushes it: Python, unless PYTHONUNBUFFERED is
@@ -149,7 +154,7 @@ def test_ctrl_c_while_building_the_graph_stops_before_the_session(sample, tmp_pa
   helpers.wait_until(train_dir.exists, 'the train_dir made after the checks', task=trainer)
   helpers.send_and_mark(trainer, signal.SIGINT, SIGNALLED)
   assert trainer.finish() == 130, trainer.log()
-  before, after = _split(trainer.out_lines, SIGNALLED)
+  before, after = helpers.split_at_mark(trainer.out_lines, SIGNALLED)
   # The signal came before the graph was done: nothing that follows the build had
   # been written yet (the run record is the first).
   assert not [line for line in before if re.match('Run record|TensorFlow|Starting|Saved',
@@ -194,7 +199,7 @@ def test_signal_in_first_steps_stops_after_the_step_under_way_without_traceback(
   helpers.send_and_mark(trainer, sig, SIGNALLED)
   assert trainer.finish() == code, trainer.log()
   assert 'Traceback' not in trainer.err and 'KeyboardInterrupt' not in trainer.err
-  before, after = _split(trainer.out_lines, SIGNALLED)
+  before, after = helpers.split_at_mark(trainer.out_lines, SIGNALLED)
   stopped = re.match(r'^Stopped by %s at step (\d+)' % name, after[-1])
   assert stopped, trainer.log()
   step = int(stopped.group(1))

@@ -308,11 +308,28 @@ def send_and_mark(task, signum, text):
   """Sends signum to a task, then writes the line `text` into the task's own stdout pipe.
 
   The line lands behind all the task wrote before the signal was sent, so its place
-  in task.out_lines splits the output in two: before the signal, and after it.
+  in task.out_lines splits the output in two: before the signal, and after it
+  (split_at_mark).
   """
   with open('/proc/%d/fd/1' % task.pid, 'w') as pipe:  # open even if the task exits at once
     task.send(signum)
-    pipe.write(text + '\n')
+    pipe.write(text + '\n')  # one write: it cannot be cut by the task's
+
+
+def split_at_mark(lines, text):
+  """(the lines before send_and_mark's line `text`, the lines after it).
+
+  The mark may land inside a line of the task's: unbuffered (PYTHONUNBUFFERED=1, or
+  -u), print() writes its text and its newline in two writes, and the mark can come
+  between them ('step 3, loss = 4.66-- mark --', then the rest, '' or more). That
+  line was begun before the mark: it is put back together, before it.
+  """
+  at = next(i for i, line in enumerate(lines) if line.endswith(text))
+  begun = lines[at][:-len(text)]
+  if not begun:
+    return lines[:at], lines[at + 1:]
+  rest = lines[at + 1:at + 2] or ['']  # none: the task ended before its newline
+  return lines[:at] + [begun + rest[0]], lines[at + 2:]
 
 
 def process_state(pid):
