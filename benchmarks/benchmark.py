@@ -21,9 +21,9 @@ The table, per number of towers N (global batch N x --batch_size):
   GFLOP/s, of mm    synthetic examples/sec x FLOPs per example, and that as a share
                     of the machine's measured float32 matmul rate
   peak MB           ru_maxrss of each configuration's process, forked after
-                    TensorFlow's import: what the configuration touched, about
-                    300 MB less than a fresh process, which also counts the
-                    library pages its import read
+                    TensorFlow's import: what the configuration touched, less
+                    than a fresh process, which also counts the library pages
+                    its import read
   bfloat16          on a CPU with bfloat16 units, at each N with oneDNN on: ours
                     with --use_bf16 and both peers under Keras' mixed_bfloat16 policy
                     (float32 variables, LRN and logits), from the same weights; printed

@@ -123,7 +123,8 @@ class WorkerParent:
       self.answers += more
     line, self.answers = self.answers.split(b'\n', 1)
     found, number = line.decode().split()
-    assert found == word, (found, word)  # the parent answers pid, then exit, in turn
+    if found != word:  # the parent answers pid, then exit, in turn
+      raise BenchmarkError('the worker parent said %r where %r was due' % (line, word))
     return int(number)
 
   def close(self):

@@ -72,8 +72,7 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   The moving averages: stepped inside the update, before the tokens go out
   (ThenAverage). Given to the base as variable_averages, they would be stepped
   after it has handed out the tokens: a chief whose last step returned on its
-  token could save while they were one update behind (seen once in five full
-  runs: test_sync_two_workers_equal_one_process_sgd_unlike_async, 2026-11-28).
+  token could save while they were one update behind.
 
   fp16 (loss_scale given): the queue runner applies the aggregated gradient
   through SkipOverflow, which also steps the moving averages, only when it is

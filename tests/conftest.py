@@ -106,9 +106,9 @@ def pytest_xdist_auto_num_workers(config):
   """One test process per core, and one more where Slurm is installed and its tests may
   run: the one that runs them mostly waits, on Slurm's clock. Not for -m "not slow"
   (every Slurm test is slow): a third process on two cores, with nothing to wait for,
-  took the quick loop from 89 s to 94-114 s and its CPU time from 143 s to 171-207 s
-  (2026-11-28): more processes than cores cost CPU too (TensorFlow's pools spin a while
-  before they sleep)."""
+  cost the quick loop CPU time, not only its import (measured on this project's 2-core
+  EPYC with `/usr/bin/time python -m pytest tests -m "not slow" -n 3`, then `-n 2`:
+  171-207 CPU-s against 143, 2026-11-28)."""
   slurm = bool(shutil.which('slurmctld') and shutil.which('sbatch'))
   quick_loop = re.search(r'\bnot\s+slow\b', config.getoption('markexpr') or '')
   return (os.cpu_count() or 1) + (slurm and not quick_loop)

@@ -324,7 +324,9 @@ def split_at_mark(lines, text):
   between them ('step 3, loss = 4.66-- mark --', then the rest, '' or more). That
   line was begun before the mark: it is put back together, before it.
   """
-  at = next(i for i, line in enumerate(lines) if line.endswith(text))
+  marked = [i for i, line in enumerate(lines) if line.endswith(text)]
+  assert marked, 'the mark %r is not in the lines' % text
+  at = marked[0]
   begun = lines[at][:-len(text)]
   if not begun:
     return lines[:at], lines[at + 1:]
