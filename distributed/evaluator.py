@@ -4,7 +4,7 @@ import os
 from absl import flags
 
 import data_sets
-from training import evaluation, signals
+from training import evaluation
 
 
 def define_flags(eval_interval_secs):
@@ -23,10 +23,6 @@ def run_evaluator(settings, eval_dir, eval_interval_secs):
   --batch_size; it returns once it has scored a checkpoint at --max_steps.
   eval_dir: None for --train_dir/eval.
   """
-  # No step loop takes the signals held while TensorFlow loaded: raised where it is, as
-  # Ctrl-C, SIGTERM too. Left to its default, SIGTERM could not stop it as a container's
-  # PID 1 (the kernel drops a signal it has no handler for): 137 after the grace period.
-  signals.raise_on_signals()
   data = data_sets.DATASETS[settings.dataset]
   eval_dir = eval_dir or os.path.join(settings.train_dir, 'eval')
   print('evaluator: scoring each new checkpoint in %s (every %d s) until global step %d; '

@@ -304,6 +304,50 @@ def test_eval_run_once_checkpoint_it_cannot_restore_says_what_to_do_for_that_cau
   assert (damaged, elsewhere) == ((True, False) if damage == 'damaged' else (False, True)), said
 
 
+def _checkpoint_in_two_shards(train_dir):
+  """train_dir/model.ckpt-1 of the cifar10 model, its variables on two devices, so in two
+  shards: the global step in the first, the weights and their moving averages in the
+  second, whose path it returns."""
+  with tf.Graph().as_default():
+    with tf.device('/cpu:0'):
+      tf.compat.v1.train.get_or_create_global_step()
+    with tf.device('/cpu:1'):
+      cifar10.inference(tf.zeros([1, cifar10.IMAGE_SIZE, cifar10.IMAGE_SIZE, 3]))
+      tf.compat.v1.train.ExponentialMovingAverage(cifar10.MOVING_AVERAGE_DECAY).apply(
+          tf.compat.v1.trainable_variables())
+    saver = tf.compat.v1.train.Saver(sharded=True)
+    with tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(device_count={'CPU': 2})) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      saver.save(sess, str(train_dir / 'model.ckpt'), global_step=1)
+  return train_dir / 'model.ckpt-1.data-00001-of-00002'
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM], ids=['ctrl-c', 'sigterm'])
+def test_eval_signal_heard_inside_a_failing_restore_stops_it_in_one_line(sample, tmp_path,
+                                                                         tasks, signum):
+  # The signal comes while the restore's session run waits in C++ (opening a FIFO), so
+  # its handler runs inside TensorFlow's Python, as that builds the failed read's
+  # exception. Raised there, pybind11 made it a RuntimeError ('MISMATCH of original and
+  # normalized active exception types'): a traceback and exit 1 (a TFJob's evaluator).
+  weights = _checkpoint_in_two_shards(tmp_path)
+  weights.unlink()
+  os.mkfifo(weights)  # the global step is read, the weights wait for the FIFO's writer
+  evaluator = tasks(['cifar10_eval.py', '--run_once', *sample.flags,
+                     '--checkpoint_dir=%s' % tmp_path, '--eval_dir=%s' % (tmp_path / 'eval')])
+  helpers.wait_until(lambda: helpers.sleeping_in(evaluator.pid, 'wait_for_partner'),
+                     'the restore opening the FIFO', evaluator)
+  evaluator.send(signum)
+  helpers.wait_until(lambda: not helpers.signal_pending(evaluator.pid, signum),
+                     'the signal delivered', evaluator)
+  helpers.unblock_fifo(weights)()  # the open returns (unless the signal cut it), the read fails
+  assert evaluator.finish() == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], (
+      evaluator.log())
+  err = evaluator.err
+  name = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}[signum]
+  assert 'Traceback' not in err and err.splitlines()[-1] == 'Stopped by %s.' % name, (
+      evaluator.log())
+
+
 def _constant_in(program, name):
   """A program's module-level constant, read from its source (importing cifar10_eval.py
   would define its flags)."""

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import data_sets
 from training import input_data, machine
-from training import checkpoints, directory, errors, settings, storage, summaries
+from training import checkpoints, directory, errors, settings, signals, storage, summaries
 
 MAX_EVAL_INTERVAL_SECS = 7 * 24 * 3600  # a week: longer is a typo (past 292 years,
                                         # Python's sleep overflows)
@@ -146,6 +146,10 @@ def main(options, model, data_input, trainer_command,
       has been scored (dist_train.py's evaluator: the training's --max_steps).
   """
   check_flags(options)
+  # SIGTERM too raises, as Ctrl-C does: left to its default, it could not stop a
+  # container's PID 1 (the kernel drops a signal it has no handler for), and Python's
+  # own Ctrl-C raised inside TensorFlow could end in a traceback (raise_in_our_code).
+  signals.raise_on_signals()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   print(machine.start_line())
@@ -158,7 +162,7 @@ def main(options, model, data_input, trainer_command,
                        settings.deadlines(options))
     writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
   except KeyboardInterrupt as e:  # it only reads the checkpoints: nothing to save
-    # Ctrl-C, or signals.Interrupted: SIGTERM to dist_train.py's evaluator.
+    # Ctrl-C or SIGTERM, as signals.Interrupted
     print('Stopped by %s.' % getattr(e, 'name', 'Ctrl-C'), file=sys.stderr, flush=True)
     sys.exit(getattr(e, 'exit_code', 130))
   finally:

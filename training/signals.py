@@ -99,11 +99,10 @@ class StopSignals:
     raised = []
 
     def handle(signum, frame):
-      del frame
       if not raised:
         raised.append(signum)
         self.signum = signum
-        raise Interrupted(signum)
+        raise_in_our_code(Interrupted(signum), frame)
     self._starting = True
     for signum in SIGNAL_EXIT_CODES:
       signal.signal(signum, handle)
@@ -115,11 +114,10 @@ class StopSignals:
       self._starting = False
 
   def _handle(self, signum, frame):
-    del frame
     if self.signum is None:
       self.signum = signum
     elif self._train_dir is None and signum == signal.SIGINT:
-      raise KeyboardInterrupt
+      raise_in_our_code(KeyboardInterrupt(), frame)
     elif self._train_dir is None and signum == signal.SIGTERM:
       self._say_sigterm_again(sys.stdout.fileno())
 
@@ -203,23 +201,63 @@ def raise_on_signals():
 
   For a program that has no step loop to finish: its finally blocks remove what it was
   writing. Without this, SIGTERM kills it where it stands and nothing is removed. A
-  signal hold_until_ready() heard before is raised at once. Code that a raise must not
-  cut (TensorFlow's graph building, whose scopes a KeyboardInterrupt leaves unbalanced)
-  runs inside held().
+  signal hold_until_ready() heard before is raised at once. One that lands inside
+  TensorFlow is raised in the code that called it (raise_in_our_code). Code that a
+  raise must not cut (the renames of a swap) runs inside held().
   """
   def handle(signum, frame):
-    del frame
     if _Raising.raised:
       return
     if _Raising.holding:
       _Raising.pending = _Raising.pending or signum
       return
     _Raising.raised = True
-    raise Interrupted(signum)
+    raise_in_our_code(Interrupted(signum), frame)
   for signum in SIGNAL_EXIT_CODES:
     signal.signal(signum, handle)
   if _early:  # heard while TensorFlow loaded (hold_until_ready): raised now
     signal.raise_signal(_early.pop())
+
+
+def raise_in_our_code(error, frame):
+  """Raises error (Interrupted, KeyboardInterrupt) for a signal handler called at frame:
+  there, unless that is inside TensorFlow's Python; then in the frame that called
+  TensorFlow, at its next line, or as TensorFlow's exception or return reaches it.
+
+  Raised inside, it could break what TensorFlow was doing: its C++ runs Python as it
+  goes (errors_impl's __init__, building the exception of an op that failed), and an
+  exception raised there replaces the one being built, which pybind11 turns into a
+  RuntimeError ('MISMATCH of original and normalized active exception types'): a
+  traceback and exit 1 where the signal's own exit was due. TensorFlow's default-graph
+  scopes, cut half-way, stay unbalanced. The raise waits as pdb's breakpoints do: a
+  trace function set on the caller's frame, with tracing on until it runs.
+  """
+  caller = _caller_of_tensorflow(frame)
+  if caller is None:
+    raise error
+
+  def trace(frame, event, arg):
+    del frame, event, arg
+    caller.f_trace = None
+    sys.settrace(None)
+    raise error
+  caller.f_trace = trace
+  sys.settrace(lambda frame, event, arg: None)  # no frame but the caller's is traced
+
+
+def _caller_of_tensorflow(frame):
+  """The frame that called the outermost of TensorFlow's frames on frame's stack; None
+  where TensorFlow's Python is not under way (or not loaded)."""
+  tensorflow = sys.modules.get('tensorflow')
+  if tensorflow is None or not getattr(tensorflow, '__file__', None):
+    return None
+  package = os.path.dirname(tensorflow.__file__) + os.sep
+  caller = None
+  while frame is not None:
+    if frame.f_code.co_filename.startswith(package):
+      caller = frame.f_back
+    frame = frame.f_back
+  return caller
 
 
 def ignore():

@@ -6,6 +6,7 @@ environment a user's shell gives them: nothing here quiets TensorFlow or hides a
 unless a test asks for it. Running processes are read as Linux's /proc shows them.
 """
 import collections
+import contextlib
 import fcntl
 import itertools
 import json
@@ -338,6 +339,17 @@ def process_state(pid):
   """The state letter of a process: R running, S sleeping, T stopped (SIGSTOP), Z exited."""
   with open('/proc/%d/stat' % pid) as f:
     return f.read().rsplit(')', 1)[1].split()[0]
+
+
+def sleeping_in(pid, kernel_function):
+  """True while a thread of the process sleeps in kernel_function (its wchan): a FIFO's
+  open waiting for its other end sleeps in wait_for_partner."""
+  for tid in os.listdir('/proc/%d/task' % pid):
+    with contextlib.suppress(FileNotFoundError):  # a thread that has just ended
+      with open('/proc/%d/task/%s/wchan' % (pid, tid)) as f:
+        if f.read() == kernel_function:
+          return True
+  return False
 
 
 def signal_pending(pid, signum):
