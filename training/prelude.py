@@ -21,6 +21,7 @@ before it reads the level (docs/trainer.md, "The start-up lines in full", tells 
 
 Imports no TensorFlow but in import_tensorflow().
 """
+import contextlib
 import os
 import re
 import signal
@@ -94,15 +95,19 @@ def import_tensorflow(environ=None, for_life=False):
   """Imports TensorFlow with TF_CPP_MIN_LOG_LEVEL (2 unless set) applied to its loading too.
 
   While TensorFlow loads (for_life: from then on), stderr (file descriptor 2, where
-  its C++ code writes) goes through a pipe to a child process that passes on every
-  line but those filter_lines() drops. A child, not a thread: a message TensorFlow
-  prints just before it aborts (a CPU without the instructions it was built for), or
-  one printed just before os._exit, still reaches the terminal. Kept for life, the
-  child ends once this process, and every process it started that shares its stderr,
-  has exited; it ignores Ctrl-C and SIGTERM, and leaves nothing behind. With
-  TensorFlow loaded already (a program forked from a loaded one: the tests'), for_life
-  still starts the filter, for the lines TensorFlow prints from then on. As PID 1 (a
-  container's first process), whose exit kills it, the exit waits for it to drain.
+  its C++ code writes) goes through a pipe to a filter in another process that passes
+  on every line but those filter_lines() drops. A process, not a thread: a message
+  TensorFlow prints just before it aborts (a CPU without the instructions it was built
+  for), or one printed just before os._exit, still gets out, to its last partial line.
+  Kept for life, the filter ends once this process, and every process it started that
+  shares its stderr, has exited. With TensorFlow loaded already (a program forked from a
+  loaded one: the tests'), for_life still starts the filter, for the lines TensorFlow
+  prints from then on.
+
+  The filter is a child that ignores Ctrl-C and SIGTERM, but as PID 1 (a container's
+  first process) the program goes on in a child and PID 1 filters (serve_as_pid_1): when
+  PID 1 ends the kernel kills every other process of its namespace, and a filter child
+  lost the lines still in its pipe.
   """
   environ = os.environ if environ is None else environ
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
@@ -112,33 +117,106 @@ def import_tensorflow(environ=None, for_life=False):
     return
   sys.stderr.flush()
   read_end, write_end = os.pipe()
-  child = os.fork()
-  if child == 0:  # passes the lines on until TensorFlow is in, or the parent is gone
-    os.close(write_end)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # the parent decides; this drains
-      signal.signal(signum, signal.SIG_IGN)
-    try:
-      with os.fdopen(read_end, 'rb') as lines, os.fdopen(2, 'wb', buffering=0) as out:
-        for line in filter_lines(lines, level):
-          out.write(line)
-    finally:
-      os._exit(0)
-  os.close(read_end)
-  if for_life and os.getpid() == 1:  # PID 1's exit would kill it: it drains first, last
-    signals.keep_stderr_filter_until_exit(child)  # of the exit functions (registered first)
+  if os.getpid() == 1:
+    filter_pid, drained = None, fork_from_pid_1(read_end, write_end, level)
+  else:
+    filter_pid, drained = start_filter(read_end, write_end, level), None
   saved_stderr = os.dup(2)
   os.dup2(write_end, 2)
   os.close(write_end)
   try:
     import tensorflow  # noqa: F401,F811
   finally:
-    if for_life:  # the child stays, and ends after this process
+    if for_life:  # the filter stays, and ends after this process
       os.close(saved_stderr)
     else:
       sys.stderr.flush()
-      os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the child ends
+      os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the filter reads to its end
       os.close(saved_stderr)
-      os.waitpid(child, 0)  # and its lines come before anything printed after
+      wait_for_filter(filter_pid, drained)  # its lines come before anything printed after
+  if drained is not None and for_life:
+    os.close(drained)
+
+
+def start_filter(read_end, write_end, level):
+  """A child that passes the pipe's lines on to stderr, ignoring Ctrl-C and SIGTERM (the
+  program decides); returns its pid."""
+  child = os.fork()
+  if child == 0:
+    os.close(write_end)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, signal.SIG_IGN)
+    try:
+      pass_on(read_end, level)
+    finally:
+      os._exit(0)
+  os.close(read_end)
+  return child
+
+
+def fork_from_pid_1(read_end, write_end, level):
+  """As PID 1: forks; the program goes on in the child, which this returns in, with a
+  read end that reaches its end once PID 1 has passed the filtered lines on. PID 1 serves
+  (serve_as_pid_1) and never returns. Ctrl-C and SIGTERM are blocked across the fork, so
+  that one sent meanwhile waits for PID 1's handler, which passes it on."""
+  drained, done = os.pipe()
+  caught = (signal.SIGINT, signal.SIGTERM)
+  signal.pthread_sigmask(signal.SIG_BLOCK, caught)
+  child = os.fork()
+  if child == 0:
+    os.close(read_end)
+    os.close(done)
+    take_the_terminal()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, caught)
+    return drained
+  os.close(write_end)
+  os.close(drained)
+  serve_as_pid_1(child, read_end, done, level)
+
+
+def take_the_terminal():
+  """The program's own process group, the terminal's foreground one if it has a terminal
+  (`docker run -it`), as tini does: a Ctrl-C typed there reaches the program once, not
+  also through PID 1; and its reads of the terminal are not stopped as a background's."""
+  os.setpgid(0, 0)
+  if os.isatty(0):
+    was = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # sent to a background caller
+    os.tcsetpgrp(0, os.getpgrp())
+    signal.signal(signal.SIGTTOU, was)
+
+
+def serve_as_pid_1(child, read_end, done, level):
+  """PID 1's life beside the program, its child: passes Ctrl-C and SIGTERM on to it, its
+  stderr on through the filter, then reaps every process left to it until the child has
+  exited, and exits with its code (128 + the signal's number, for a death by a signal)."""
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, lambda signum, frame: os.kill(child, signum))
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+  pass_on(read_end, level)
+  os.close(done)  # the program's import may go on: its lines are out
+  while True:
+    pid, status = os.waitpid(-1, 0)
+    if pid == child:
+      code = os.waitstatus_to_exitcode(status)
+      os._exit(code if code >= 0 else 128 - code)  # pylint: disable=protected-access
+
+
+def pass_on(read_end, level):
+  """The lines of the pipe's read end that filter_lines() keeps, written to stderr until
+  the pipe's end; should no one read our stderr, each is still read, and dropped."""
+  with os.fdopen(read_end, 'rb') as lines, os.fdopen(os.dup(2), 'wb', buffering=0) as out:
+    for line in filter_lines(lines, level):
+      with contextlib.suppress(OSError):
+        out.write(line)
+
+
+def wait_for_filter(filter_pid, drained):
+  """Until the filter has passed its last line on: its exit, or PID 1's word."""
+  if filter_pid is not None:
+    os.waitpid(filter_pid, 0)
+  else:
+    os.read(drained, 1)  # b'' once PID 1 has closed its end
+    os.close(drained)
 
 
 def min_level(value):

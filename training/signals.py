@@ -4,13 +4,11 @@ download: StopSignals.raising), stops where it is and removes what it was writin
 
 A second Ctrl-C exits at once; a second SIGTERM changes nothing (StopSignals).
 """
-import atexit
 import contextlib
 import os
 import signal
 import sys
 import threading
-import time
 
 
 SIGNAL_EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
@@ -19,8 +17,6 @@ SIGNAL_NAMES = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 
 _early = []  # the signal hold_until_ready() heard before a StopSignals was made
 _made = []   # the StopSignals of this program: finish() reads what they heard
-_stderr_filter = []  # prelude's filter process kept for life, when this is PID 1
-DRAIN_SECS = 2       # exit_now's longest wait for that filter to pass the last line on
 
 
 def hold_until_ready():
@@ -268,40 +264,8 @@ def ignore():
 
 
 def exit_now(code):
-  """os._exit(code), for a program that cannot wait for Python's exit; as PID 1 (a
-  container's first process) first the stderr filter gets its last line out."""
-  drain_stderr_filter()
+  """os._exit(code), for a program that cannot wait for Python's exit."""
   os._exit(code)  # pylint: disable=protected-access
-
-
-def keep_stderr_filter_until_exit(pid):
-  """prelude's: as PID 1, the filter child `pid` gets the last line out before this exits
-  (the kernel kills every other process of the namespace as PID 1 exits, and a last line
-  without its newline went with it: tests/test_prelude.py's PID 1 test)."""
-  _stderr_filter.append(pid)
-  atexit.register(drain_stderr_filter)
-
-
-def drain_stderr_filter():
-  """Closes this process's stderr, the filter's pipe, and waits up to DRAIN_SECS for the
-  filter to pass on what is in it and end."""
-  if not _stderr_filter:
-    return
-  for stream in (sys.stdout, sys.stderr):
-    with contextlib.suppress(Exception):
-      stream.flush()
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)  # the pipe's write end closed: the filter reads to its end
-  os.close(devnull)
-  deadline = time.time() + DRAIN_SECS
-  while time.time() < deadline:
-    try:
-      if os.waitpid(_stderr_filter[0], os.WNOHANG)[0]:
-        break
-    except ChildProcessError:  # reaped already
-      break
-    time.sleep(0.01)
-  _stderr_filter.clear()
 
 
 def finish():
