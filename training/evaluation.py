@@ -146,9 +146,9 @@ def main(options, model, data_input, trainer_command,
       has been scored (dist_train.py's evaluator: the training's --max_steps).
   """
   check_flags(options)
-  # SIGTERM too raises, as Ctrl-C does: left to its default, it could not stop a
-  # container's PID 1 (the kernel drops a signal it has no handler for), and Python's
-  # own Ctrl-C raised inside TensorFlow could end in a traceback (raise_in_our_code).
+  # SIGTERM too raises, as Ctrl-C does: one line and its exit code, 143, where its
+  # default killed the program without a word; and neither is raised inside
+  # TensorFlow, where Python's own Ctrl-C could end in a traceback (raise_in_our_code).
   signals.raise_on_signals()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)

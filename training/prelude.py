@@ -181,7 +181,8 @@ def take_the_terminal():
   os.setpgid(0, 0)
   if os.isatty(0):
     was = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # sent to a background caller
-    os.tcsetpgrp(0, os.getpgrp())
+    with contextlib.suppress(OSError):  # a terminal, but not this session's
+      os.tcsetpgrp(0, os.getpgrp())
     signal.signal(signal.SIGTTOU, was)
 
 
