@@ -3,6 +3,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -144,7 +145,7 @@ def test_readme_and_requirements_state_the_python_the_check_asks_for():
 
 
 AS_PID_ONE = """
-import os, sys, types
+import os, signal, sys, types
 sys.path.insert(0, %r)
 from training import prelude, signals
 # What is tested is the filter's process and PID 1's, not TensorFlow's import: as in a
@@ -156,6 +157,10 @@ if sys.argv[1] == 'exit_now':
   signals.exit_now(3)  # the watchdog's, a second Ctrl-C's: no Python exit
 if sys.argv[1] == 'abort':
   os.abort()  # TensorFlow's end on a CPU without its instructions, or a failed check
+if sys.argv[1] == 'sigterm':  # as a trainer: the signal's own exit code
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+  print('pid %%d, waiting for SIGTERM' %% os.getpid(), flush=True)
+  signal.pause()
 sys.exit(3)
 """
 
@@ -176,3 +181,19 @@ def test_filter_for_life_as_pid_1_passes_a_last_partial_line_and_the_exit_code(t
                         str(script), how])
     assert done.code == code and done.err.endswith('the last words, with no newline'), (
         done.log())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('unshare'),
+                    reason='a PID namespace of its own needs root and unshare')
+def test_pid_1_passes_sigterm_on_to_the_program_and_exits_with_its_code(tmp_path, tasks):
+  # What `docker stop` and kubelet do: SIGTERM to the container's PID 1 alone.
+  script = tmp_path / 'as_pid_one.py'
+  script.write_text(AS_PID_ONE % helpers.ROOT)
+  unshare = tasks(['unshare', '--pid', '--fork', '--mount-proc', sys.executable, str(script),
+                   'sigterm'])
+  unshare.wait_for(lambda line: line == 'pid 2, waiting for SIGTERM', 'the program, pid 2')
+  with open('/proc/%d/task/%d/children' % (unshare.pid, unshare.pid)) as f:
+    [pid_1] = f.read().split()  # unshare's child, PID 1 inside
+  os.kill(int(pid_1), signal.SIGTERM)
+  assert unshare.finish() == 143, unshare.log()
+  assert unshare.err_lines[-1] == 'the last words, with no newline', unshare.log()
