@@ -326,8 +326,7 @@ def write(sess, signature, export_dir, replaced, class_names, checkpoint, record
     with signals.held():  # a signal waits until staging is named, for finally to remove
       staging = _make_staging(parent, os.path.basename(export_dir))
     staged = os.path.join(staging, 'model')
-    with signals.held():  # TensorFlow's builder, whose scopes a raise would unbalance
-      _write_staged(sess, signature, staged, class_names, record)
+    _write_staged(sess, signature, staged, class_names, record)
     with signals.held():  # the swap and the removal of the old export, never cut in two
       _put_in_place(staged, export_dir, replaced, staging)
       done = True
@@ -357,8 +356,7 @@ def _write_to_store(sess, signature, export_dir, class_names, record):
   which holds only what this run wrote."""
   done = False
   try:
-    with signals.held():  # TensorFlow's builder, whose scopes a raise would unbalance
-      _write_staged(sess, signature, export_dir, class_names, record)
+    _write_staged(sess, signature, export_dir, class_names, record)
     done = True
     signals.ignore()  # written whole: a signal from here on changes nothing (as write())
   except (OSError, tf.errors.OpError) as e:
@@ -501,17 +499,16 @@ def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
   """export()'s work on one checkpoint (found: {name: shape} of what it holds); False
   when it was rotated away before it could be restored (checkpoints.rotated_away)."""
   with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-    with signals.held():  # a signal raised inside TensorFlow's scopes would unbalance them
-      signature = build(data)
-      to_restore = variables_to_restore(data.model)
-      check_holds_network(path, data, to_restore, found)
-      saver = tf.compat.v1.train.Saver(to_restore)
-      try:
-        saver.restore(sess, path)
-      except (tf.errors.OpError, ValueError) as e:
-        if checkpoints.rotated_away(path, went_away):
-          return False
-        raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
+    signature = build(data)
+    to_restore = variables_to_restore(data.model)
+    check_holds_network(path, data, to_restore, found)
+    saver = tf.compat.v1.train.Saver(to_restore)
+    try:
+      saver.restore(sess, path)
+    except (tf.errors.OpError, ValueError) as e:
+      if checkpoints.rotated_away(path, went_away):
+        return False
+      raise ExportError('cannot restore %s: %s' % (path, checkpoints.restore_error(e)))
     write(sess, signature, export_dir, replaced, data.model.CLASS_NAMES, path,
           {'written_by': 'export_model.py', 'dataset': data.model.__name__,
            'checkpoint': storage.abspath(path), 'global_step': step})
