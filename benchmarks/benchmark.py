@@ -40,8 +40,8 @@ op_profile.py schedule the runs and print, loss_lines.py reads the dist rows' ra
 from the programs' output, targets.py holds the targets. runner.py runs one
 `python -m benchmarks.worker` process per configuration, forked from a parent that
 has imported TensorFlow (one per environment), so devices, thread pools and memory
-start clean without the seconds of an import each; measure_*.py time inside it, keras_peer.py is the peers' model,
-timing.py what both sides share. This process and its modules import no TensorFlow.
+start clean without the seconds of an import each; measure_*.py time inside it,
+keras_peer.py is the peers' model, timing.py what both sides share. This process and its modules import no TensorFlow.
 """
 import json
 import os

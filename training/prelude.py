@@ -129,13 +129,13 @@ def import_tensorflow(environ=None, for_life=False):
   finally:
     if for_life:  # the filter stays, and ends after this process
       os.close(saved_stderr)
+      if drained is not None:
+        os.close(drained)  # PID 1's word that it has drained: not waited for
     else:
       sys.stderr.flush()
       os.dup2(saved_stderr, 2)  # the pipe's last writer gone, the filter reads to its end
       os.close(saved_stderr)
       wait_for_filter(filter_pid, drained)  # its lines come before anything printed after
-  if drained is not None and for_life:
-    os.close(drained)
 
 
 def start_filter(read_end, write_end, level):
