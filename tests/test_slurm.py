@@ -8,6 +8,7 @@ dist_train.py's flags after the script's name. Slurm's own record is read with
 `scontrol show job` (no slurmdbd: no sacct); the tasks' exit codes with srun's
 lines in the job's output. Each job's output, when a check fails, is in the message.
 """
+import math
 import os
 import re
 import shutil
@@ -31,16 +32,23 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('slurm')]
 SCRIPT = os.path.join(helpers.ROOT, 'deploy', 'slurm', 'local_slurm.sh')
 SBATCH = os.path.join(helpers.ROOT, 'deploy', 'slurm', 'train.sbatch')
 STATE_DIR = os.environ.get('LOCAL_SLURM_DIR', '/tmp/local-slurm')
-# One node, 1 ps task and 3 workers, whatever the script's #SBATCH lines ask.
-ONE_NODE = ['--nodes=1', '--ntasks-per-node=4', '--cpus-per-task=1']
+# One node, 1 ps task and 2 workers, whatever the script's #SBATCH lines ask: a job of
+# several workers, each task starting fresh (TensorFlow's import: 3 s of CPU each).
+TASKS = 3
+ONE_NODE = ['--nodes=1', '--ntasks-per-node=%d' % TASKS, '--cpus-per-task=1']
 # Runs of thousands of async steps: the book's MNIST network settles where CIFAR-10
 # at a learning rate of 0.1 on synthetic batches of 8 diverged by step 124 (3 workers).
-# About 140 steps a second here, every task started 20 s after the job.
+# About 160 steps a second here (2 workers), every task started 20 s after the job.
 STEADY_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=8',
                 '--save_every_n_steps=200', '--log_frequency=1000']
 CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
 JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
-TIME_LIMIT_STEPS = 15000    # more than the first run trains before its warning (7700 here)
+TIME_LIMIT_STEPS = 9000     # more than the first run trains before its warning: 3543 here,
+                            # 5000 at most (30 s to slurmctld's next look at 160 a second)
+WARNING_SECS = 150          # the time-limit test's --signal=B:USR1@: due at once once set
+LOOK_SECS = 30              # slurmctld looks at time limits this often
+STOP_SECS = 45              # from the warning to the limit, at least: the tasks save, the
+                            # script requeues (a few seconds here)
 ENDED = {'COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY',
          'BOOT_FAIL', 'DEADLINE', 'PREEMPTED'}
 RANK_LINE = re.compile(r'^(\d+): (.*)$')                            # srun --label
@@ -148,6 +156,23 @@ def _ranks(text):
   return ranks
 
 
+def limit_warned_at_next_look(job, env):
+  """Gives a running job a time limit whose warning (--signal=B:USR1@WARNING_SECS) is due
+  at once, and whose end is still STOP_SECS past slurmctld's next look at time limits.
+
+  The shortest limit is a minute, and slurmctld looks every LOOK_SECS: a job submitted
+  with its short limit trained flat out until a warning due after its tasks' start (20-40
+  s here), for 45-75 s; given it once training, it trains until the next look.
+  """
+  hours, minutes, seconds = map(int, job.info()['RunTime'].split(':'))
+  elapsed = 3600 * hours + 60 * minutes + seconds
+  limit = math.ceil((elapsed + LOOK_SECS + STOP_SECS) / 60)  # minutes
+  assert 60 * limit - WARNING_SECS <= elapsed, (elapsed, limit)  # due already
+  updated = helpers.run(['scontrol', 'update', 'JobId=' + job.id, 'TimeLimit=%d' % limit],
+                        env=env)
+  assert updated.code == 0, updated.log()
+
+
 def first_checkpoint_after_zero(job):
   """The chief's first `Saved checkpoint ...model.ckpt-N` with N > 0: its N."""
   return next((n for n in helpers.steps(SAVED_LINE, job.lines(CHIEF)) if n > 0), None)
@@ -199,7 +224,7 @@ def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resum
   step = int(stopped[0].group(2))
   assert os.path.exists(str(train_dir / ('model.ckpt-%d.index' % step))), job.log()
   assert helpers.global_step(train_dir) == step
-  assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(4)}, job.log()
+  assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(TASKS)}, job.log()
   assert 'Traceback' not in job.text, job.log()
 
   again = submit(flags=flags + ['--max_steps=%d' % (step + 200)])
@@ -213,25 +238,25 @@ def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resum
 def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
-  # The shortest limit is a minute. slurmctld looks at time limits every 30 s and
-  # sends the warning at the first look within 30 s of its time: due 75 s after
-  # the start, it comes 45-75 s after it, once every task trains (20-40 s here).
-  job = submit('--time=2', '--signal=B:USR1@45',
+  job = submit('--time=10', '--signal=B:USR1@%d' % WARNING_SECS,
                flags=STEADY_FLAGS + ['--max_steps=%d' % TIME_LIMIT_STEPS,
                                      '--train_dir=%s' % train_dir])
+  job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
+  limit_warned_at_next_look(job, slurm)
   job.wait_for(lambda: job.info()['Restarts'] == '1', 'requeue', timeout=JOB_SECS)
+  # The rest in one run, its limit set before the requeued run starts (Slurm holds it for
+  # cred_expire, 10 s here): with this one, its warning would be due at once.
+  updated = helpers.run(['scontrol', 'update', 'JobId=' + job.id, 'TimeLimit=10'], env=slurm)
+  assert updated.code == 0, updated.log()
   stopped = helpers.matches(STOPPED_LINE, job.lines(CHIEF))
   assert [m.group(1) for m in stopped] == ['SIGTERM'], job.log()
   assert 'time limit near: stopping the tasks to requeue' in job.text.splitlines(), job.log()
   # The script requeues the job once srun has ended: its lines are all there.
-  assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(4)}, job.log()
-  # A minute of training: tf.data's autotuning pauses for long, and a session whose
-  # iterator waited for it did not close before the ps tasks left
-  # (training/input_data.py's closing_at_once).
+  assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(TASKS)}, job.log()
+  # tf.data's autotuning once paused for long, and a session whose iterator waited for it
+  # did not close before the ps tasks left (training/input_data.py's closing_at_once;
+  # tests/test_cifar10_input.py looks for the thread in every pipeline).
   assert 'its session did not close' not in job.text, job.log()
-  # The rest in one run: a run of two minutes might be warned again, and again.
-  updated = helpers.run(['scontrol', 'update', 'JobId=' + job.id, 'TimeLimit=10'], env=slurm)
-  assert updated.code == 0, updated.log()
   info = job.wait_end()
   assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '1'), \
       job.log()
@@ -247,7 +272,7 @@ def test_train_sbatch_two_jobs_on_one_node_reserved_ports_both_complete(
   # both jobs' tasks would listen on 8888.. of the same node, and the second would stop
   # with `cannot listen on n1:8888`.
   jobs = [submit('--nodelist=n1', flags=STEADY_FLAGS + [
-      '--max_steps=1000', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
+      '--max_steps=400', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
   infos = [job.wait_end() for job in jobs]
   for job, info in zip(jobs, infos):
     assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
