@@ -1,0 +1,144 @@
+"""A script run as `python script.py ...` runs, in a child forked from a loaded process.
+
+A fresh interpreter spends seconds of CPU loading TensorFlow before the script's
+first line. A process that has loaded it forks instead, and the child becomes the
+program: its argv, environment, working directory and Python's signal dispositions;
+this project's modules and absl's parsed flags forgotten, so that the script imports
+and parses its own; the script run as __main__; os._exit with its exit code.
+
+    --local_cluster's tasks (distributed/local_cluster.py): forked from the launcher.
+    The tests' programs (tests/helpers/forkserver.py): forked from a server.
+
+Only a single-threaded parent that has made no session or server may fork so: a
+fork copies a lock another thread holds, and a session's threads do not come along
+(tensorflow#2448). Nor one that may have initialised CUDA: a forked child cannot use it
+(CUDA's programming guide). fork_safe() says whether this process may.
+
+What stays of the parent: the modules of TensorFlow, numpy and absl, and TensorFlow's
+process-wide generator, which unseeded ops draw from and siblings may share (numpy's
+and Python's are reseeded). The child ends in os._exit: Python's own exit, which would
+tear TensorFlow's modules down, does not run, as in multiprocessing's children.
+"""
+import atexit
+import glob
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fork_safe():
+  """None where a child forked from this process can run TensorFlow, else why not."""
+  threads = len(os.listdir('/proc/self/task'))
+  if threads != 1:
+    return 'this process runs %d threads' % threads
+  if glob.glob('/dev/nvidia[0-9]*'):
+    return 'a GPU is here, and CUDA initialised in a parent does not work in its child'
+  return None
+
+
+def run_script(argv, env, cwd):
+  """In the forked child: becomes `argv` (`python [-u] script.py ...`) and runs it.
+
+  Standard streams are the caller's to set first (file descriptors 0, 1, 2). Never
+  returns: os._exit with the code `python script.py` would exit with.
+  """
+  unbuffered = argv[1] == '-u'
+  script = argv[2 if unbuffered else 1]
+  signal.set_wakeup_fd(-1)
+  python_signal_dispositions()
+  os.chdir(cwd)
+  os.environ.clear()
+  os.environ.update(env)
+  unbuffered = unbuffered or bool(os.environ.get('PYTHONUNBUFFERED'))
+  sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+      io.FileIO(1, 'w', closefd=False) if unbuffered else io.BufferedWriter(
+          io.FileIO(1, 'w', closefd=False)), encoding=sys.stdout.encoding,
+      write_through=unbuffered)
+  sys.argv = argv[argv.index(script):]
+  sys.orig_argv = list(argv)
+  sys.path[0] = os.path.dirname(os.path.realpath(script))
+  forget_project()
+  import numpy
+  numpy.random.seed()  # as a fresh process's (Python's own random reseeds itself)
+  # The programs choose oneDNN before TensorFlow loads (training/machine.py); loaded as
+  # that choice says, the choice is made here as a fresh program makes it, not reported
+  # as made too late.
+  from training import machine
+  machine.choose(sys.argv, tensorflow_imported=False)
+  os._exit(run_as_main(script))
+
+
+def forget_project():
+  """This project's modules out of sys.modules, and absl's flags unparsed: the script
+  imports and parses its own, as in a fresh process (absl keeps the flags a module
+  defines again under the same name, with their defaults)."""
+  own = {name[:-3] for name in os.listdir(ROOT) if name.endswith('.py')} | {
+      name for name in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, name,
+                                                                       '__init__.py'))}
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, '__file__', None) or ''
+    if name.split('.')[0] in own and path.startswith(ROOT + os.sep):
+      del sys.modules[name]
+  if 'absl.flags' in sys.modules:
+    sys.modules['absl.flags'].FLAGS.unparse_flags()
+
+
+def python_signal_dispositions():
+  """What a fresh Python starts with: SIGINT raises KeyboardInterrupt, SIGPIPE and
+  SIGXFSZ ignored (errors instead), every other signal's default, none blocked."""
+  for signum in signal.valid_signals():
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+      try:
+        signal.signal(signum, signal.SIG_DFL)
+      except (OSError, ValueError):  # the C library's own (SIGRTMIN's first two)
+        pass
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def run_as_main(script):
+  """Runs script as __main__; returns the exit code Python would exit with."""
+  code = 0
+  try:
+    runpy.run_path(script, run_name='__main__')
+  except SystemExit as e:
+    code = exit_code(e.code)
+  except KeyboardInterrupt:  # Python dies of the signal, after the traceback
+    traceback.print_exc()
+    die_of(signal.SIGINT)
+  except BaseException:
+    sys.excepthook(*sys.exc_info())
+    code = 1
+  threading._shutdown()  # as at a fresh interpreter's end: non-daemon threads, atexit
+  atexit._run_exitfuncs()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      code = 120  # Python's own code when flushing at exit fails
+  return code
+
+
+def exit_code(code):
+  """sys.exit(code)'s exit status: None 0, an integer itself, anything else printed, 1."""
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code & 0xff
+  print(code, file=sys.stderr)
+  return 1
+
+
+def die_of(signum):
+  sys.stdout.flush()
+  sys.stderr.flush()
+  signal.signal(signum, signal.SIG_DFL)
+  os.kill(os.getpid(), signum)
