@@ -9,10 +9,12 @@ and parses its own; the script run as __main__; os._exit with its exit code.
     --local_cluster's tasks (distributed/local_cluster.py): forked from the launcher.
     The tests' programs (tests/helpers/forkserver.py): forked from a server.
 
-Only a single-threaded parent that has made no session or server may fork so: a
-fork copies a lock another thread holds, and a session's threads do not come along
-(tensorflow#2448). Nor one that may have initialised CUDA: a forked child cannot use it
-(CUDA's programming guide). fork_safe() says whether this process may.
+Only a parent that has made no session or server, and runs no thread of its own, may
+fork so: a fork copies a lock another thread holds, and a session's threads do not
+come along (tensorflow#2448). TensorFlow starts no thread before a session or server;
+numpy's OpenBLAS, whose pool starts at import, stops it across a fork (pthread_atfork,
+OpenBLAS#343). Nor may one that may have initialised CUDA: a forked child cannot use
+it (CUDA's programming guide). fork_safe() says whether this process may.
 
 What stays of the parent: the modules of TensorFlow, numpy and absl, and TensorFlow's
 process-wide generator, which unseeded ops draw from and siblings may share (numpy's
@@ -34,9 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def fork_safe():
   """None where a child forked from this process can run TensorFlow, else why not."""
-  threads = len(os.listdir('/proc/self/task'))
-  if threads != 1:
-    return 'this process runs %d threads' % threads
+  if threading.active_count() != 1:
+    return 'this process runs %d Python threads' % threading.active_count()
   if glob.glob('/dev/nvidia[0-9]*'):
     return 'a GPU is here, and CUDA initialised in a parent does not work in its child'
   return None
@@ -75,9 +76,9 @@ def run_script(argv, env, cwd):
 
 
 def forget_project():
-  """This project's modules out of sys.modules, and absl's flags unparsed: the script
-  imports and parses its own, as in a fresh process (absl keeps the flags a module
-  defines again under the same name, with their defaults)."""
+  """This project's modules out of sys.modules, the flags they (and __main__) defined out
+  of absl's, and absl's own flags unparsed: the script imports, defines and parses its
+  own, as in a fresh process."""
   own = {name[:-3] for name in os.listdir(ROOT) if name.endswith('.py')} | {
       name for name in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, name,
                                                                        '__init__.py'))}
@@ -86,7 +87,12 @@ def forget_project():
     if name.split('.')[0] in own and path.startswith(ROOT + os.sep):
       del sys.modules[name]
   if 'absl.flags' in sys.modules:
-    sys.modules['absl.flags'].FLAGS.unparse_flags()
+    flag_values = sys.modules['absl.flags'].FLAGS
+    for name in list(flag_values):
+      module = flag_values.find_module_defining_flag(name) or ''
+      if name in flag_values and (module == '__main__' or module.split('.')[0] in own):
+        delattr(flag_values, name)
+    flag_values.unparse_flags()
 
 
 def python_signal_dispositions():
