@@ -227,7 +227,7 @@ def test_benchmark_parent_imports_no_tensorflow():
   code = ('import sys; import benchmarks.__main__, benchmarks.benchmark, benchmarks.table, '
           'benchmarks.dist_rows, benchmarks.op_profile, benchmarks.runner, benchmarks.targets; '
           'assert "tensorflow" not in sys.modules, "imported"')
-  run = helpers.run([sys.executable, '-c', code])
+  run = helpers.run([sys.executable, '-c', code], fresh=True)  # what it imports
   assert run.code == 0, run.log()
 
 

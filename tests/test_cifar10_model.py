@@ -112,7 +112,7 @@ def test_models_under_disable_v2_behavior_build_and_give_finite_losses():
 
 
 def test_import_models_fresh_process_loads_no_training_distributed_or_program():
-  run = helpers.run([sys.executable, '-c', IMPORT_SCRIPT])
+  run = helpers.run([sys.executable, '-c', IMPORT_SCRIPT], fresh=True)  # what it imports
   assert run.code == 0, run.log()
   loaded = set(run.out.split())
   # The project's top-level modules: each program or module at the root, each package.

@@ -114,7 +114,7 @@ def test_program_on_python_3_10_exits_with_one_line_before_importing_tensorflow(
           'finally:\n'
           '  print("tensorflow imported:", "tensorflow" in sys.modules)\n'
           % (program, os.path.join(helpers.ROOT, program)))
-  done = helpers.run([sys.executable, '-c', code])
+  done = helpers.run([sys.executable, '-c', code], fresh=True)  # what it imports
   assert done.code == 1 and done.out == 'tensorflow imported: False\n', done.log()
   assert done.err.startswith('error: this project needs Python 3.11 or newer; this is Python '
                              '3.10.13') and len(done.err.splitlines()) == 1, done.log()

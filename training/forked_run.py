@@ -1,7 +1,7 @@
 """A script run as `python script.py ...` runs, in a child forked from a loaded process.
 
 A fresh interpreter spends seconds of CPU loading TensorFlow before the script's
-first line. A process that has loaded it forks instead, and the child becomes the
+first line (or `python -c`'s code's). A process that has loaded it forks instead, and the child becomes the
 program: its argv, environment, working directory and Python's signal dispositions;
 this project's modules and absl's parsed flags forgotten, so that the script imports
 and parses its own; the script run as __main__; os._exit with its exit code.
@@ -22,6 +22,8 @@ and Python's are reseeded). The child ends in os._exit: Python's own exit, which
 tear TensorFlow's modules down, does not run, as in multiprocessing's children.
 """
 import atexit
+import builtins
+import functools
 import glob
 import io
 import os
@@ -30,6 +32,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,13 +47,14 @@ def fork_safe():
 
 
 def run_script(argv, env, cwd):
-  """In the forked child: becomes `argv` (`python [-u] script.py ...`) and runs it.
+  """In the forked child: becomes `argv` and runs it: `python [-u] script.py ...`, or
+  `python [-u] -c CODE ...`.
 
   Standard streams are the caller's to set first (file descriptors 0, 1, 2). Never
   returns: os._exit with the code `python script.py` would exit with.
   """
   unbuffered = argv[1] == '-u'
-  script = argv[2 if unbuffered else 1]
+  program = argv[2 if unbuffered else 1:]
   signal.set_wakeup_fd(-1)
   python_signal_dispositions()
   os.chdir(cwd)
@@ -61,9 +65,14 @@ def run_script(argv, env, cwd):
       io.FileIO(1, 'w', closefd=False) if unbuffered else io.BufferedWriter(
           io.FileIO(1, 'w', closefd=False)), encoding=sys.stdout.encoding,
       write_through=unbuffered)
-  sys.argv = argv[argv.index(script):]
   sys.orig_argv = list(argv)
-  sys.path[0] = os.path.dirname(os.path.realpath(script))
+  if program[0] == '-c':  # as Python sets them for -c: argv[0] '-c', the path's first ''
+    sys.argv, sys.path[0] = ['-c'] + program[2:], ''
+    run = functools.partial(exec_as_main, program[1])
+  else:
+    sys.argv = program
+    sys.path[0] = os.path.dirname(os.path.realpath(program[0]))
+    run = functools.partial(runpy.run_path, program[0], run_name='__main__')
   forget_project()
   import numpy
   numpy.random.seed()  # as a fresh process's (Python's own random reseeds itself)
@@ -72,7 +81,15 @@ def run_script(argv, env, cwd):
   # as made too late.
   from training import machine
   machine.choose(sys.argv, tensorflow_imported=False)
-  os._exit(run_as_main(script))
+  os._exit(run_as_main(run))
+
+
+def exec_as_main(code):
+  """Runs `python -c code`'s code in a new __main__ module."""
+  main = types.ModuleType('__main__')
+  main.__builtins__ = builtins
+  sys.modules['__main__'] = main
+  exec(compile(code, '<string>', 'exec'), main.__dict__)  # pylint: disable=exec-used
 
 
 def forget_project():
@@ -110,11 +127,11 @@ def python_signal_dispositions():
   signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def run_as_main(script):
-  """Runs script as __main__; returns the exit code Python would exit with."""
+def run_as_main(run):
+  """Calls run(), the program as __main__; returns the exit code Python would exit with."""
   code = 0
   try:
-    runpy.run_path(script, run_name='__main__')
+    run()
   except SystemExit as e:
     code = exit_code(e.code)
   except KeyboardInterrupt:  # Python dies of the signal, after the traceback

@@ -18,10 +18,11 @@ is the client's handle, with as much of Popen's interface as the tests use.
 Fresh interpreters stay where what a test checks happens before or while TensorFlow
 loads (processes.start says which): a run whose variables read at import (oneDNN's
 choice, TF_CPP_MIN_LOG_LEVEL, PYTHONPATH, ...) differ from the server's
-(import_environment), anything but a script (`python -c`), and the runs whose tests ask
-for fresh ones, as what they check happens as TensorFlow loads: test_prelude.py's and
-test_onednn.py's (the lines TensorFlow prints then, the setting it reads then), and
-test_trainer_signals.py's signals sent while TensorFlow loads and as Python exits.
+(import_environment), anything but a script or `python -c`, and the runs whose tests
+ask for fresh ones, as what they check happens as TensorFlow loads: test_prelude.py's and
+test_onednn.py's (the lines TensorFlow prints then, the setting it reads then),
+test_trainer_signals.py's signals sent while TensorFlow loads and as Python exits, and
+the `python -c` runs that look at what a fresh process has imported.
 
 Two differences from a fresh process remain (training/forked_run.py): a child ends in
 os._exit, so a test of what happens at Python's own exit runs fresh; and TensorFlow's
@@ -59,10 +60,11 @@ SERVER_ENV = {'OPENBLAS_NUM_THREADS': '1'}  # numpy's OpenBLAS would start a thr
 
 def script_of(argv):
   """(script, unbuffered) when argv is `python [-u] script.py ...` with this Python,
-  else (None, False)."""
+  ('-c', unbuffered) when it is `python [-u] -c CODE ...`, else (None, False)."""
   unbuffered = len(argv) > 2 and argv[1] == '-u'
   script = argv[2 if unbuffered else 1] if len(argv) > 1 else ''
-  if argv[0] != sys.executable or not script.endswith('.py'):
+  code = script == '-c' and len(argv) > (3 if unbuffered else 2)
+  if argv[0] != sys.executable or not (script.endswith('.py') or code):
     return None, False
   return script, unbuffered
 
