@@ -518,11 +518,6 @@ def export_checkpoint(path, step, found, data, export_dir, replaced, went_away):
 def main(argv):
   with errors.one_line_errors():
     errors.refuse_arguments(argv)  # absl has already refused unknown flags
-  try:
-    signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
-  except signals.Interrupted as e:  # heard while TensorFlow loaded
-    print('Stopped by %s before anything was written.' % e.name, file=sys.stderr, flush=True)
-    sys.exit(e.exit_code)
   data = DATASETS[FLAGS.dataset]
   for name in ('train_dir', 'export_dir'):
     if FLAGS[name].value == '':  # not the default: the user meant a directory
@@ -531,15 +526,21 @@ def main(argv):
                                     else 'write the SavedModel as', getattr(data, name)))
   train_dir = FLAGS.train_dir or data.train_dir
   export_dir = FLAGS.export_dir or data.export_dir
-  tf.compat.v1.disable_eager_execution()
-  # ERROR: the v1 builder warns that it is v1 at every signature; writing v1 is the point.
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+  exporting = False  # one try from the handler on: a signal anywhere after it is said
   try:
+    signals.raise_on_signals()  # SIGTERM too stops it where it is, removing what it wrote
+    tf.compat.v1.disable_eager_execution()
+    # ERROR: the v1 builder warns that it is v1 at every signature; writing v1 is the point.
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+    exporting = True
     path, step = export(train_dir, export_dir, FLAGS.dataset, FLAGS.overwrite)
   except ExportError as e:
     sys.exit('error: %s' % e)
   except signals.Interrupted as e:  # write() has removed what it wrote, unless in place
-    if e.finished:
+    if not exporting:  # heard while TensorFlow loaded (held until the handler), or after
+      print('Stopped by %s before anything was written.' % e.name, file=sys.stderr,
+            flush=True)
+    elif e.finished:
       print('Stopped by %s once %s was written whole.' % (e.name, export_dir),
             file=sys.stderr, flush=True)
     else:

@@ -211,7 +211,8 @@ def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
   Forked from this launcher, which has loaded TensorFlow, where that is safe
   (training/forked_run.py): each task runs dist_train.py from its first line as a fresh
   `python dist_train.py --job_name=...` would, without loading TensorFlow again (a
-  first loss line in 1.3 s rather than 4.9 s, docs/tests.md). Where it is not (a GPU:
+  first loss line 1.9 s after the start, not 6.2 s: docs/distributed.md). Where it is
+  not (a GPU:
   CUDA does not survive a fork), fresh interpreters. `ps` shows a forked task with this
   launcher's command line: its name (ps0, worker1) is its process name, as `top` and
   `pgrep` show it, and the launcher prints each task's pid.
