@@ -212,10 +212,9 @@ def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
   (training/forked_run.py): each task runs dist_train.py from its first line as a fresh
   `python dist_train.py --job_name=...` would, without loading TensorFlow again (a
   first loss line 1.9 s after the start, not 6.2 s: docs/distributed.md). Where it is
-  not (a GPU:
-  CUDA does not survive a fork), fresh interpreters. `ps` shows a forked task with this
-  launcher's command line: its name (ps0, worker1) is its process name, as `top` and
-  `pgrep` show it, and the launcher prints each task's pid.
+  not (a GPU: CUDA does not survive a fork), fresh interpreters. `ps` shows a forked
+  task with this launcher's command line: its name (ps0, worker1) is its process name,
+  as `top` and `pgrep` show it, and the launcher prints each task's pid.
   One process group of their own: a Ctrl-C in the terminal reaches this launcher
   alone, which stops the tasks in order. They die with it (die_with); the variable
   marks them as its tasks.
