@@ -537,7 +537,7 @@ def main(argv):
   except ExportError as e:
     sys.exit('error: %s' % e)
   except signals.Interrupted as e:  # write() has removed what it wrote, unless in place
-    if not exporting:  # heard while TensorFlow loaded (held until the handler), or after
+    if not exporting:  # heard while TensorFlow loaded (held till now), or before export()
       print('Stopped by %s before anything was written.' % e.name, file=sys.stderr,
             flush=True)
     elif e.finished:
