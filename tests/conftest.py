@@ -93,8 +93,9 @@ def module_tasks():
 # ---- A test process's end ---------------------------------------------------------------
 # An xdist worker has sent its last result before Python's exit starts; Python's teardown
 # of a process that has loaded TensorFlow and built hundreds of graphs then took about 3 s
-# of every run's end (measured on this project's 2-core EPYC, 2026-11-28). A worker ends
-# once the exit handlers registered after this one have run (the fork servers' stop).
+# of every run's end (this project's 2-core EPYC, 2026-11-28: timestamps logged at each
+# worker's sessionfinish and atexit, `python -m pytest tests -m "not slow"`). A worker
+# ends once the exit handlers registered after this one have run (the fork servers' stop).
 def _end_worker_now():
   if os.environ.get('PYTEST_XDIST_WORKER'):
     sys.stdout.flush()

@@ -38,12 +38,13 @@ TASKS = 3
 ONE_NODE = ['--nodes=1', '--ntasks-per-node=%d' % TASKS, '--cpus-per-task=1']
 # Runs of thousands of async steps: the book's MNIST network settles where CIFAR-10
 # at a learning rate of 0.1 on synthetic batches of 8 diverged by step 124 (3 workers).
-# About 160 steps a second here (2 workers), every task started 20 s after the job.
+# About 160 steps a second (2 workers), every task started 20 s after the job: the job's
+# loss lines, `python -m pytest tests/test_slurm.py -n 0`, 2-core EPYC, 2026-11-28.
 STEADY_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=8',
                 '--save_every_n_steps=200', '--log_frequency=1000']
 CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
 JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
-TIME_LIMIT_STEPS = 9000     # more than the first run trains before its warning: 3543 here,
+TIME_LIMIT_STEPS = 9000     # more than the first run trains before its warning: 3543 then,
                             # 5000 at most (30 s to slurmctld's next look at 160 a second)
 WARNING_SECS = 150          # the time-limit test's --signal=B:USR1@: due at once once set
 LOOK_SECS = 30              # slurmctld looks at time limits this often

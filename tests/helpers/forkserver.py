@@ -370,4 +370,4 @@ def die_of(signum):
 
 if __name__ == '__main__':
   serve(sys.argv[1])
-  os._exit(0)  # nothing to save: Python's teardown of TensorFlow took a second per server
+  os._exit(0)  # nothing to save; Python's teardown of TensorFlow takes a second (conftest.py)
