@@ -158,9 +158,10 @@ if sys.argv[1] == 'exit_now':
 if sys.argv[1] == 'abort':
   os.abort()  # TensorFlow's end on a CPU without its instructions, or a failed check
 if sys.argv[1] == 'sigterm':  # as a trainer: the signal's own exit code
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+  signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])  # from here on, not lost
   print('pid %%d, waiting for SIGTERM' %% os.getpid(), flush=True)
-  signal.pause()
+  signal.sigwait([signal.SIGTERM])
+  sys.exit(143)
 sys.exit(3)
 """
 
