@@ -6,7 +6,7 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
     mode = AsyncUpdates(run)         # each worker applies its own gradient, claiming its step
     mode = SyncUpdates(run, n)       # SyncReplicasOptimizer: the chief applies the mean of n
 
-    mode.build(opt, grads, global_step, ema, max_steps, fp16)  # the ops: an Update
+    mode.build(opt, grads, global_step, model, max_steps, fp16)  # the ops: an Update
     mode.shown_step(step, outcome)   # the global step the loss line names
     mode.applied(outcome)            # fp16: says the skips; False: this step's was skipped
     mode.release_workers(sess)       # at the end: the sync chief hands out the last tokens
@@ -69,10 +69,11 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   restarted after a stop, the ps still up, could hand out no token again
   (CancelledError: FIFOQueue 'sync_token_q' is closed).
 
-  The moving averages: stepped inside the update, before the tokens go out
-  (ThenAverage). Given to the base as variable_averages, they would be stepped
-  after it has handed out the tokens: a chief whose last step returned on its
-  token could save while they were one update behind.
+  The moving averages: stepped inside the update, before the tokens go out and
+  before the global step counts it (ThenAverage). Given to the base as
+  variable_averages, they would be stepped after it has handed out the tokens: a
+  chief whose last step returned on its token could save while they were one
+  update behind.
 
   fp16 (loss_scale given): the queue runner applies the aggregated gradient
   through SkipOverflow, which also steps the moving averages, only when it is
@@ -80,17 +81,17 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   """
 
   def __init__(self, opt, replicas_to_aggregate, total_num_replicas, worker_device,
-               ema, loss_scale=None):
+               model, loss_scale=None):
     super().__init__(opt, replicas_to_aggregate=replicas_to_aggregate,
                      total_num_replicas=total_num_replicas)
     self._worker_device = worker_device
     self.skip_overflow = None
     # What the base's apply_gradients applies the aggregate with, on the queue runner.
     if loss_scale:
-      self.skip_overflow = self._opt = SkipOverflow(opt, ema, loss_scale,
+      self.skip_overflow = self._opt = SkipOverflow(opt, model, loss_scale,
                                                     self._accumulator_list)
     else:
-      self._opt = ThenAverage(opt, ema)
+      self._opt = ThenAverage(opt, model)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     # device(None) drops the enclosing device functions; the ops given no device
@@ -109,14 +110,15 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
 
 class ThenAverage:
   """Sync: applies SyncReplicasOptimizer's aggregated gradient, then the moving
-  averages (updates.then_average), as one op: the update the tokens wait for."""
+  averages, then counts it in the global step (updates.apply_average_count), as one
+  op: the update the tokens wait for."""
 
-  def __init__(self, opt, ema):
-    self._opt, self._ema = opt, ema
+  def __init__(self, opt, model):
+    self._opt, self._model = opt, model
 
   def apply_gradients(self, grads_and_vars, global_step):
-    return updates.then_average(self._opt.apply_gradients(grads_and_vars, global_step),
-                                self._ema)
+    return updates.apply_average_count(self._opt, grads_and_vars, global_step,
+                                       self._model)
 
 
 class SkipOverflow:
@@ -138,8 +140,8 @@ class SkipOverflow:
   (step, scale, new scale), in the queue `skips` on the ps, for it to print.
   """
 
-  def __init__(self, opt, ema, loss_scale, accumulators):
-    self._opt, self._ema, self._loss_scale = opt, ema, loss_scale
+  def __init__(self, opt, model, loss_scale, accumulators):
+    self._opt, self._model, self._loss_scale = opt, model, loss_scale
     self._accumulators = accumulators  # [(accumulator, device)], filled by the base
     self.skips = None  # the notes' queue, made with the update
 
@@ -148,8 +150,7 @@ class SkipOverflow:
     self.skips = tf.queue.FIFOQueue(-1, [tf.int64, tf.float32, tf.float32],
                                     shapes=[[], [], []], name='loss_scale_skips')
     update = mixed_precision.apply_or_skip(
-        lambda: updates.then_average(
-            self._opt.apply_gradients(grads, global_step), self._ema),
+        lambda: updates.apply_average_count(self._opt, grads, global_step, self._model),
         mixed_precision.all_finite(grads), self._loss_scale)
     with tf.control_dependencies([update.train_op]):
       note = tf.cond(update.applied, tf.no_op, lambda: self.skips.enqueue(
@@ -197,7 +198,7 @@ class AsyncUpdates:
   def wait_for_workers(self, match, run_fetch, timeout_secs, should_stop):
     """Nothing: each worker's update is its own."""
 
-  def build(self, opt, grads, global_step, ema, max_steps, fp16=None):
+  def build(self, opt, grads, global_step, model, max_steps, fp16=None):
     """The update, then the moving averages; an Update.
 
     fp16 (an Fp16): the worker checks its own unscaled gradient. Finite, it claims
@@ -206,7 +207,8 @@ class AsyncUpdates:
     worker skips its own overflows.
     """
     apply_fn = lambda: updates.then_average(
-        claim_then_apply(opt, grads, global_step, max_steps), ema)
+        claim_then_apply(opt, grads, global_step, max_steps),
+        updates.moving_averages(global_step, model))
     skip_check = []
     if fp16:
       update = mixed_precision.apply_or_skip(apply_fn, fp16.all_finite, fp16.loss_scale,
@@ -273,7 +275,7 @@ class SyncUpdates:
     self.gradients_per_update = replicas_to_aggregate or run.num_workers
     self._release_workers = self._release_step = None  # the tokens' ops, made by build()
 
-  def build(self, opt, grads, global_step, ema, max_steps, fp16=None):
+  def build(self, opt, grads, global_step, model, max_steps, fp16=None):
     """Pushes this worker's gradient, then waits for a token; an Update.
 
     fp16 (an Fp16): each worker pushes its unscaled gradient; the chief's queue
@@ -284,7 +286,7 @@ class SyncUpdates:
     run = self._run
     with worker_sessions.quiet_deprecations():
       sync = SyncReplicas(opt, self.gradients_per_update, run.num_workers,
-                          '/job:worker/task:%d' % run.task_index, ema,
+                          '/job:worker/task:%d' % run.task_index, model,
                           fp16 and fp16.loss_scale)
       train_op = sync.apply_gradients(grads, global_step=global_step)
       hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),

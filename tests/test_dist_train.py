@@ -20,6 +20,7 @@ checkpoints), tests/test_local_cluster.py (the --local_cluster launcher).
 import os
 import re
 import signal
+import types
 
 import numpy as np
 import pytest
@@ -271,34 +272,43 @@ def test_sync_two_workers_equal_one_process_sgd_unlike_async(sync_run, one_proce
   assert max(np.abs(async_[name] - sync[name]).max() for name in sync) > 1e-4
 
 
-def test_sync_update_steps_the_moving_averages_before_it_hands_out_the_tokens():
-  # A worker's step returns on its token: the chief saves once its last step has. So
-  # the averages of an update must be stepped before the tokens go out, or that save
-  # can hold them one update behind (what the test above once caught, 1 run in 5).
+def ancestors(op):
+  """Every op that runs before op: its inputs' and control inputs', transitively."""
+  before, todo = set(), [op]
+  while todo:
+    for earlier in [t.op for t in todo[-1].inputs] + list(todo.pop().control_inputs):
+      if earlier not in before:
+        before.add(earlier)
+        todo.append(earlier)
+  return before
+
+
+def test_sync_update_steps_the_averages_then_counts_then_hands_out_the_tokens():
+  # A worker's step returns on its token: the chief saves once its last step has, and
+  # once its StopAtStepHook reads max_steps, which it reads while its queue runner may
+  # be applying the next update. So the averages of an update are stepped before the
+  # tokens go out, and before the global step counts the update, or that save can hold
+  # them one update behind (the test above caught each, 1 run in 5, then once in CI).
   with tf.Graph().as_default() as graph:
     global_step = tf.compat.v1.train.get_or_create_global_step()
     weights = tf.compat.v1.get_variable('weights', [2], initializer=tf.zeros_initializer())
-    ema = tf.train.ExponentialMovingAverage(0.9, global_step)
+    model = types.SimpleNamespace(MOVING_AVERAGE_DECAY=0.9)
     sync = worker_updates.SyncReplicas(tf.compat.v1.train.GradientDescentOptimizer(0.1),
-                                       2, 2, '/job:worker/task:0', ema)
+                                       2, 2, '/job:worker/task:0', model)
     sync.apply_gradients([(tf.ones([2]), weights)], global_step=global_step)
     [hand_out] = [op for op in graph.get_operations() if op.type == 'QueueEnqueueManyV2']
     assert 'sync_token_q' in hand_out.inputs[0].name
     # The queue runner's one op per update is that enqueue: nothing runs after it.
     assert sync.get_chief_queue_runner().enqueue_ops == [hand_out]
-    before, todo = set(), [hand_out]
-    while todo:
-      op = todo.pop()
-      for earlier in [t.op for t in op.inputs] + list(op.control_inputs):
-        if earlier not in before:
-          before.add(earlier)
-          todo.append(earlier)
-    averaged = {op.name for op in before if op.type.startswith('Assign')
+    [count] = [op for op in ancestors(hand_out) if op.type.startswith('AssignAdd')
+               and op.inputs[0].op == global_step.op]
+    before_count = ancestors(count)
+    averaged = {op.name for op in before_count if op.type.startswith('Assign')
                 and 'ExponentialMovingAverage' in op.name}
-    assert averaged, sorted(op.name for op in before)
-    applied = [op for op in before if op.type == 'ResourceApplyGradientDescent'
+    assert averaged, sorted(op.name for op in before_count)
+    applied = [op for op in before_count if op.type == 'ResourceApplyGradientDescent'
                or op.type == 'ApplyGradientDescent']
-    assert applied, sorted(op.name for op in before)
+    assert applied, sorted(op.name for op in before_count)
 
 
 # ---- --use_fp16: the loss scale on the ps (MNIST: float16 is quick on this CPU) -----
