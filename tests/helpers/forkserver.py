@@ -6,10 +6,9 @@ forkserver whose preload imports TensorFlow), a server process imports tensorflo
 numpy and absl once, and forks each program from there:
 
     server (python forkserver.py SOCKET): single-threaded, no session or server made
-      -> fork -> the child takes the request's argv, environment, working directory,
-                 standard streams (stdin /dev/null), session and file-size limit, and
-                 Python's own signal dispositions, then runs the script (or -c's code) as
-                 __main__, as `python script.py` (`python -c CODE`).
+      -> fork -> the child takes the request's standard streams (stdin /dev/null),
+                 session and file-size limit, then becomes the script as
+                 training/forked_run.py does it (--local_cluster's tasks are forked so).
 
 A child is a real process: its own pid, signalled and killed like any other (in a
 session of its own when asked), its exit status read by the server, its parent, and
@@ -25,21 +24,16 @@ test_onednn.py's (the lines TensorFlow prints then, the setting it reads then),
 test_trainer_signals.py's signals sent while TensorFlow loads and as Python exits, and
 the `python -c` runs that look at what a fresh process has imported.
 
-Two differences from a fresh process remain. A child ends in os._exit once its script
-returns: Python's own exit (its handlers put back, its modules torn down) is not run,
-so a test of what happens there runs fresh. And TensorFlow's process-wide generator,
-which unseeded ops draw from, may be shared by the children of one server (numpy's and
-Python's are reseeded in each child); a test that needs two runs to differ gives seeds.
+Two differences from a fresh process remain (training/forked_run.py): a child ends in
+os._exit, so a test of what happens at Python's own exit runs fresh; and TensorFlow's
+generator for unseeded ops may be shared by siblings, so a test that needs two runs to
+differ gives seeds.
 """
 import atexit
-import builtins
-import functools
-import io
 import json
 import os
 import re
 import resource
-import runpy
 import select
 import signal
 import socket
@@ -47,10 +41,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
-import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from training import forked_run  # noqa: E402  (imports no TensorFlow)
 PRELOAD = ('tensorflow', 'numpy', 'absl.app', 'absl.flags')  # what every program imports first
 # Variables read while Python and TensorFlow load: a run whose values differ from a
 # server's is not forked from it.
@@ -260,7 +254,6 @@ def start_child(conn, server_fds):
 
 def become(request, fds, server_fds):
   """In the child: takes on what a fresh `python script.py` would have, then runs it."""
-  signal.set_wakeup_fd(-1)
   for fd in server_fds:
     os.close(fd)
   for target, fd in enumerate(fds):
@@ -271,101 +264,7 @@ def become(request, fds, server_fds):
   if request['file_size_limit'] is not None:
     limit = request['file_size_limit']
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-  os.chdir(request['cwd'])
-  os.environ.clear()
-  os.environ.update(request['env'])
-  python_signal_dispositions()
-  script, unbuffered = script_of(request['argv'])
-  unbuffered = unbuffered or bool(os.environ.get('PYTHONUNBUFFERED'))
-  sys.stdout = sys.__stdout__ = io.TextIOWrapper(
-      io.FileIO(1, 'w', closefd=False) if unbuffered else io.BufferedWriter(
-          io.FileIO(1, 'w', closefd=False)), encoding=sys.stdout.encoding,
-      write_through=unbuffered)
-  program = request['argv'][request['argv'].index(script):]
-  sys.orig_argv = request['argv']
-  if script == '-c':  # as Python sets them for -c: argv[0] '-c', the path's first ''
-    sys.argv, sys.path[0] = ['-c'] + program[2:], ''
-    run = functools.partial(exec_as_main, program[1])
-  else:
-    sys.argv = program
-    sys.path[0] = os.path.dirname(os.path.realpath(script))
-    run = functools.partial(runpy.run_path, script, run_name='__main__')
-  import numpy
-  numpy.random.seed()  # as a fresh process's (Python's own random reseeds itself)
-  choose_onednn_as_fresh(sys.path[0])
-  os._exit(run_as_main(run))
-
-
-def exec_as_main(code):
-  """Runs `python -c code`'s code in a new __main__ module."""
-  main = types.ModuleType('__main__')
-  main.__builtins__ = builtins
-  sys.modules['__main__'] = main
-  exec(compile(code, '<string>', 'exec'), main.__dict__)  # pylint: disable=exec-used
-
-
-def python_signal_dispositions():
-  """What a fresh Python starts with: SIGINT raises KeyboardInterrupt, SIGPIPE and
-  SIGXFSZ ignored (errors instead), every other signal's default, none blocked."""
-  for signum in signal.valid_signals():
-    if signum not in (signal.SIGKILL, signal.SIGSTOP):
-      try:
-        signal.signal(signum, signal.SIG_DFL)
-      except (OSError, ValueError):  # the C library's own (SIGRTMIN's first two)
-        pass
-  signal.signal(signal.SIGINT, signal.default_int_handler)
-  signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-  signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def choose_onednn_as_fresh(script_dir):
-  """The project's programs choose oneDNN before TensorFlow loads (training/machine.py):
-  the server loaded it as that choice says (import_environment), so the choice is made
-  here as a fresh program makes it, not reported as made too late."""
-  if os.path.isfile(os.path.join(script_dir, 'training', 'machine.py')):
-    from training import machine
-    machine.choose(sys.argv, tensorflow_imported=False)
-
-
-def run_as_main(run):
-  """Calls run(), the program as __main__; returns the exit code Python would exit with."""
-  code = 0
-  try:
-    run()
-  except SystemExit as e:
-    code = exit_code(e.code)
-  except KeyboardInterrupt:  # Python dies of the signal, after the traceback
-    traceback.print_exc()
-    die_of(signal.SIGINT)
-  except BaseException:
-    sys.excepthook(*sys.exc_info())
-    code = 1
-  threading._shutdown()  # as at a fresh interpreter's end: non-daemon threads, atexit
-  atexit._run_exitfuncs()
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      code = 120  # Python's own code when flushing at exit fails
-  return code
-
-
-def exit_code(code):
-  """sys.exit(code)'s exit status: None 0, an integer itself, anything else printed, 1."""
-  if code is None:
-    return 0
-  if isinstance(code, int):
-    return code & 0xff
-  print(code, file=sys.stderr)
-  return 1
-
-
-def die_of(signum):
-  sys.stdout.flush()
-  sys.stderr.flush()
-  signal.signal(signum, signal.SIG_DFL)
-  os.kill(os.getpid(), signum)
+  forked_run.run_script(request['argv'], request['env'], request['cwd'])
 
 
 if __name__ == '__main__':
