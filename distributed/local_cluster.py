@@ -28,7 +28,7 @@ import time
 
 import data_sets
 from distributed import cluster_env
-from training import errors, machine, signals, startup, storage
+from training import errors, forked_run, machine, signals, startup, storage
 from training import settings as trainer_settings
 
 DIST_TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -50,7 +50,7 @@ LIBRARY_MEMORY_BYTES = 430e6  # TensorFlow's library pages (RssFile): one copy, 
 
 # Linux constants for enter_private_network(): <sched.h>, <linux/sockios.h>, <net/if.h>
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
-PR_SET_PDEATHSIG = 1                                       # <linux/prctl.h>
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15                      # <linux/prctl.h>
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 # TensorFlow's lines that look like errors in every normal --local_cluster run: a
@@ -206,29 +206,105 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
 
 
 def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
-  """Starts every task, the ps tasks first, into tasks ({'ps0': Popen}), each relayed.
+  """Starts every task, the ps tasks first, into tasks ({'ps0': process}), each relayed.
 
-  Fresh interpreters, each loading TensorFlow, as a user's tasks on real machines:
-  forked from this launcher, which has loaded it, they would start sooner
-  (docs/tests.md has the figures), but `ps` would show this launcher's command line
-  for all of them, and each would inherit its parsed flags and handlers.
+  Forked from this launcher, which has loaded TensorFlow, where that is safe
+  (training/forked_run.py): each task runs dist_train.py from its first line as a fresh
+  `python dist_train.py --job_name=...` would, without loading TensorFlow again (a
+  first loss line 1.9 s after the start, not 6.2 s: docs/distributed.md). Where it is
+  not (a GPU: CUDA does not survive a fork), fresh interpreters. `ps` shows a forked
+  task with this launcher's command line: its name (ps0, worker1) is its process name,
+  as `top` and `pgrep` show it, and the launcher prints each task's pid.
   One process group of their own: a Ctrl-C in the terminal reaches this launcher
   alone, which stops the tasks in order. They die with it (die_with); the variable
   marks them as its tasks.
   """
   env = dict(os.environ, **{DIE_WITH_LAUNCHER_ENV: str(os.getpid())})
+  why_fresh = forked_run.fork_safe()
   for job_name, hosts in (('ps', ps_hosts), ('worker', worker_hosts)):
     for i in range(len(hosts)):
       name = '%s%d' % (job_name, i)
-      tasks[name] = subprocess.Popen(
-          task_command(job_name, i, ps_hosts, worker_hosts, extra_flags), env=env,
-          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-          text=True, bufsize=1, process_group=tasks['ps0'].pid if tasks else 0,
-          preexec_fn=die_with(os.getpid()))
-      relay.start(name, tasks[name].stdout)
-  # Silent otherwise until the first task's first line.
-  print('local cluster: started %d tasks; each loads TensorFlow before its first line'
-        % len(tasks), flush=True)
+      argv = task_command(job_name, i, ps_hosts, worker_hosts, extra_flags)
+      group = tasks['ps0'].pid if tasks else 0
+      if why_fresh:
+        tasks[name] = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, process_group=group,
+            preexec_fn=die_with(os.getpid()))
+      else:
+        tasks[name] = ForkedTask(name, argv, env, group, [t.stdout for t in tasks.values()])
+  for name, process in tasks.items():  # after the forks: the launcher had no thread
+    relay.start(name, process.stdout)
+  print('local cluster: started %s; %s' % (
+      ', '.join('%s (pid %d)' % (name, p.pid) for name, p in tasks.items()),
+      'each loads TensorFlow before its first line, as %s' % why_fresh if why_fresh else
+      'forked from this launcher, which has loaded TensorFlow'), flush=True)
+
+
+class ForkedTask:
+  """A task forked from this launcher (training/forked_run.py), with as much of Popen's
+  interface as the launcher uses: pid, stdout (its stdout and stderr, text), poll, wait,
+  send_signal, terminate, kill, returncode."""
+
+  def __init__(self, name, argv, env, group, other_pipes):
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+      try:
+        become_task(name, argv, env, group, launcher, write_end,
+                    [read_end] + [pipe.fileno() for pipe in other_pipes])
+      finally:
+        os._exit(70)  # not reached: run_script ends in os._exit
+    os.close(write_end)
+    try:
+      os.setpgid(pid, group or pid)  # as the child does: whichever runs first
+    except OSError:  # the child has, and has exited already
+      pass
+    self.pid, self.returncode, self.args = pid, None, argv
+    self.stdout = open(read_end, 'r', buffering=1)
+
+  def poll(self):
+    if self.returncode is None:
+      pid, status = os.waitpid(self.pid, os.WNOHANG)
+      if pid:
+        self.returncode = os.waitstatus_to_exitcode(status)
+    return self.returncode
+
+  def wait(self, timeout=None):
+    deadline = None if timeout is None else time.time() + timeout
+    while self.poll() is None:
+      if deadline is not None and time.time() > deadline:
+        raise subprocess.TimeoutExpired(self.args, timeout)
+      time.sleep(0.05)
+    return self.returncode
+
+  def send_signal(self, signum):
+    if self.poll() is None:
+      os.kill(self.pid, signum)
+
+  def terminate(self):
+    self.send_signal(signal.SIGTERM)
+
+  def kill(self):
+    self.send_signal(signal.SIGKILL)
+
+
+def become_task(name, argv, env, group, launcher, output, launcher_fds):
+  """In a forked task: what die_with and Popen would give it, then dist_train.py."""
+  die_with(launcher)()
+  os.setpgid(0, group)
+  ctypes.CDLL(None).prctl(PR_SET_NAME, name.encode()[:15])
+  for fd in launcher_fds:
+    os.close(fd)
+  null = os.open(os.devnull, os.O_RDONLY)
+  for target, fd in ((0, null), (1, output), (2, output)):
+    os.dup2(fd, target)
+  os.close(null)
+  os.close(output)
+  forked_run.run_script(argv, env, os.getcwd())
 
 
 def stop_workers(tasks, stop):

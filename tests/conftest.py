@@ -162,7 +162,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         'programs started: %d forked from an imported TensorFlow, %d fresh interpreters, '
         '%d fork servers (tests/helpers/forkserver.py); %d of them --local_cluster '
-        'launchers, whose tasks start fresh' % (
+        'launchers, which fork their tasks' % (
             _starts['forked runs'], _starts['fresh interpreters'], _starts['fork servers'],
             _starts['launchers']))
 

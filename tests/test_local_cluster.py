@@ -71,16 +71,9 @@ def test_local_cluster_more_tasks_than_memory_holds_exits_1_starting_none(tasks,
 
 @pytest.mark.slow
 def test_local_cluster_launcher_killed_while_tasks_start_leaves_no_task(tasks, tmp_path):
-  # Each task sleeps before it runs a line of dist_train.py, as one still importing
-  # TensorFlow when its launcher is killed: Python runs sitecustomize at start-up.
-  site = tmp_path / 'site'
-  site.mkdir()
-  (site / 'sitecustomize.py').write_text(
-      'import os, time\nif os.environ.get(%r):  # a task, not the launcher\n  time.sleep(600)\n'
-      % local_cluster.DIE_WITH_LAUNCHER_ENV)
-  python_path = os.pathsep.join(filter(None, [str(site), os.environ.get('PYTHONPATH')]))
-  launcher = local_cluster_task(tasks, 1, 2, tmp_path / 'train', '--synthetic',
-                                env=helpers.user_env(PYTHONPATH=python_path))
+  # Killed once its 3 tasks are there, at their first lines: each dies with it (asked of
+  # Linux before a task's first line, distributed/local_cluster.py's die_with).
+  launcher = local_cluster_task(tasks, 1, 2, tmp_path / 'train', '--synthetic')
   helpers.wait_until(lambda: len(helpers.tasks_of(launcher.pid)) == 3, 'the 3 tasks',
                      task=launcher)
   launcher.send(signal.SIGKILL)

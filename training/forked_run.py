@@ -1,19 +1,20 @@
 """A script run as `python script.py ...` runs, in a child forked from a loaded process.
 
 A fresh interpreter spends seconds of CPU loading TensorFlow before the script's
-first line (or `python -c`'s code's). A process that has loaded it forks instead, and
-the child becomes the program: its argv, environment, working directory and Python's
-signal dispositions; this project's modules and absl's parsed flags forgotten, so that
-the script imports and parses its own; the script run as __main__; os._exit with its
-exit code. The tests' programs start so (tests/helpers/forkserver.py); --local_cluster's
-tasks start fresh (distributed/local_cluster.py says why).
+first line (or `python -c`'s code's). A process that has loaded it forks instead, and the child becomes the
+program: its argv, environment, working directory and Python's signal dispositions;
+this project's modules and absl's parsed flags forgotten, so that the script imports
+and parses its own; the script run as __main__; os._exit with its exit code.
+
+    --local_cluster's tasks (distributed/local_cluster.py): forked from the launcher.
+    The tests' programs (tests/helpers/forkserver.py): forked from a server.
 
 Only a parent that has made no session or server, and runs no thread of its own, may
 fork so: a fork copies a lock another thread holds, and a session's threads do not
 come along (tensorflow#2448). TensorFlow starts no thread before a session or server;
 numpy's OpenBLAS, whose pool starts at import, stops it across a fork (pthread_atfork,
 OpenBLAS#343). Nor may one that may have initialised CUDA: a forked child cannot use
-it (CUDA's programming guide).
+it (CUDA's programming guide). fork_safe() says whether this process may.
 
 What stays of the parent: the modules of TensorFlow, numpy and absl, and TensorFlow's
 process-wide generator, which unseeded ops draw from and siblings may share (numpy's
@@ -23,6 +24,7 @@ tear TensorFlow's modules down, does not run, as in multiprocessing's children.
 import atexit
 import builtins
 import functools
+import glob
 import io
 import os
 import runpy
@@ -33,6 +35,15 @@ import traceback
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fork_safe():
+  """None where a child forked from this process can run TensorFlow, else why not."""
+  if threading.active_count() != 1:
+    return 'this process runs %d Python threads' % threading.active_count()
+  if glob.glob('/dev/nvidia[0-9]*'):
+    return 'a GPU is here, and CUDA initialised in a parent does not work in its child'
+  return None
 
 
 def run_script(argv, env, cwd):

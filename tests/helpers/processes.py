@@ -11,6 +11,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -144,7 +145,7 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
   from this process's own: then, and for anything else, a fresh process.
   """
   env = user_env() if env is None else env
-  # A --local_cluster launcher starts its tasks fresh (local_cluster.start_tasks says why).
+  # A --local_cluster launcher forks its tasks (local_cluster.start_tasks).
   STARTS['launchers'] += any(str(arg).startswith('--local_cluster=') for arg in argv)
   script, _ = forkserver.script_of(argv)
   if script and not fresh:
@@ -377,26 +378,25 @@ def wait_until(condition, what, task=None, timeout=WAIT_SECS):
 
 
 def tasks_of(launcher_pid):
-  """{PID: command-line words} of the live processes a --local_cluster launcher started.
-
-  A task's own child (prelude's stderr filter) is not a task while its parent lives;
-  left behind by it, it counts, as anything of a task's left running does.
+  """{PID: task name} of the live processes a --local_cluster launcher started: in its
+  session (the tests start it in one of its own), named for their task (ps0, worker1:
+  the launcher names the tasks it forks). A task's own child (prelude's stderr filter)
+  has its name too: not a task while its parent lives; left behind by it, it counts, as
+  anything of a task's left running does.
   """
-  from distributed import local_cluster
-  marker = ('%s=%d' % (local_cluster.DIE_WITH_LAUNCHER_ENV, launcher_pid)).encode()
-  marked = {}
+  named = {}
   for pid in filter(str.isdigit, os.listdir('/proc')):
     try:
-      with open('/proc/%s/environ' % pid, 'rb') as f:
-        if marker not in f.read().split(b'\0'):
-          continue
       with open('/proc/%s/stat' % pid, 'rb') as f:
-        parent = int(f.read().rpartition(b')')[2].split()[1])
-      with open('/proc/%s/cmdline' % pid, 'rb') as f:
-        marked[int(pid)] = parent, f.read().decode(errors='replace').split('\0')
+        stat = f.read()
     except OSError:  # gone meanwhile
-      pass
-  return {pid: words for pid, (parent, words) in marked.items() if parent not in marked}
+      continue
+    name = stat[stat.index(b'(') + 1:stat.rindex(b')')].decode(errors='replace')
+    state, parent, _, session = stat[stat.rindex(b')') + 2:].split()[:4]
+    if (int(session) == launcher_pid and re.match(r'^(ps|worker)\d+$', name)
+        and state not in (b'Z', b'X')):  # a zombie has ended: its reaper has yet to see
+      named[int(pid)] = int(parent), name
+  return {pid: name for pid, (parent, name) in named.items() if parent not in named}
 
 
 def pid_file_alive(pid_file):
@@ -412,7 +412,7 @@ def pid_file_alive(pid_file):
 
 def task_pid(launcher_pid, job_name, task_index):
   """The PID of one task a --local_cluster launcher started (AssertionError if none)."""
-  wanted = {'--job_name=%s' % job_name, '--task_index=%d' % task_index}
-  pids = [pid for pid, words in tasks_of(launcher_pid).items() if wanted <= set(words)]
+  pids = [pid for pid, name in tasks_of(launcher_pid).items()
+          if name == '%s%d' % (job_name, task_index)]
   assert len(pids) == 1, (job_name, task_index, tasks_of(launcher_pid))
   return pids[0]
