@@ -1,9 +1,9 @@
 """The programs the tests run, started from an imported TensorFlow: a fork server.
 
 A program spends seconds of CPU importing TensorFlow before its first line (figures:
-docs/tests.md), and the suite runs a few hundred of them. So, as TensorFlow's own multi-process tests do (a
-forkserver whose preload imports TensorFlow), a server process imports tensorflow,
-numpy and absl once, and forks each program from there:
+docs/tests.md), and the suite runs a few hundred of them. So, as TensorFlow's own
+multi-process tests do (a forkserver whose preload imports TensorFlow), a server
+process imports tensorflow, numpy and absl once, and forks each program from there:
 
     server (python forkserver.py SOCKET): single-threaded, no session or server made
       -> fork -> the child takes the request's standard streams (stdin /dev/null),
