@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -44,8 +45,9 @@ STEADY_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=8',
                 '--save_every_n_steps=200', '--log_frequency=1000']
 CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
 JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
-TIME_LIMIT_STEPS = 9000     # more than the first run trains before its warning: 3543 then,
-                            # 5000 at most (30 s to slurmctld's next look at 160 a second)
+TIME_LIMIT_STEPS = 1000     # more than the first run trains before its tasks are stopped
+                            # to wait for the warning: 210 and 234 here (first save: 201)
+WARNED_LINE = 'time limit near: stopping the tasks to requeue'  # train.sbatch's
 WARNING_SECS = 150          # the time-limit test's --signal=B:USR1@: due at once once set
 LOOK_SECS = 30              # slurmctld looks at time limits this often
 STOP_SECS = 45              # from the warning to the limit, at least: the tasks save, the
@@ -163,7 +165,7 @@ def limit_warned_at_next_look(job, env):
 
   The shortest limit is a minute, and slurmctld looks every LOOK_SECS: a job submitted
   with its short limit trained flat out until a warning due after its tasks' start (20-40
-  s here), for 45-75 s; given it once training, it trains until the next look.
+  s here), for 45-75 s; given it once training, it waits for the next look.
   """
   hours, minutes, seconds = map(int, job.info()['RunTime'].split(':'))
   elapsed = 3600 * hours + 60 * minutes + seconds
@@ -172,6 +174,27 @@ def limit_warned_at_next_look(job, env):
   updated = helpers.run(['scontrol', 'update', 'JobId=' + job.id, 'TimeLimit=%d' % limit],
                         env=env)
   assert updated.code == 0, updated.log()
+
+
+def send_to_tasks(job, signum):
+  """Sends signum to every process of the job's `python dist_train.py` (its tasks, and
+  their stderr filters); returns their PIDs, at least one per task."""
+  marker = ('SLURM_JOB_ID=%s' % job.id).encode()
+  pids = []
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open('/proc/%s/environ' % pid, 'rb') as f:
+        if marker not in f.read().split(b'\0'):
+          continue
+      with open('/proc/%s/cmdline' % pid, 'rb') as f:
+        argv = f.read().split(b'\0')
+    except OSError:  # gone meanwhile
+      continue
+    if os.path.basename(argv[0]).startswith(b'python') and argv[1].endswith(b'dist_train.py'):
+      os.kill(int(pid), signum)
+      pids.append(int(pid))
+  assert len(pids) >= TASKS, (pids, job.log())
+  return pids
 
 
 def first_checkpoint_after_zero(job):
@@ -198,7 +221,7 @@ def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
 def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
-  job = submit(flags=STEADY_FLAGS + ['--max_steps=2000', '--train_dir=%s' % train_dir])
+  job = submit(flags=STEADY_FLAGS + ['--max_steps=1000', '--train_dir=%s' % train_dir])
   saved = job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
   requeued = helpers.run(['scontrol', 'requeue', job.id], env=slurm)
   assert requeued.code == 0, requeued.log()
@@ -207,7 +230,7 @@ def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes
       job.log()
   resumed = helpers.matches(RESUMING_LINE, job.lines(CHIEF))  # the second run's, appended
   assert len(resumed) == 1 and int(resumed[0].group(2)) >= saved, job.log()
-  assert helpers.global_step(train_dir) == 2000
+  assert helpers.global_step(train_dir) == 1000
 
 
 def test_train_sbatch_whole_job_sigterm_after_checkpoint_saves_resubmitted_resumes(
@@ -243,7 +266,17 @@ def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
                flags=STEADY_FLAGS + ['--max_steps=%d' % TIME_LIMIT_STEPS,
                                      '--train_dir=%s' % train_dir])
   job.wait_for(lambda: first_checkpoint_after_zero(job), 'checkpoint past step 0')
-  limit_warned_at_next_look(job, slurm)
+  # Until the warning comes, at slurmctld's next look (up to LOOK_SECS), the tasks are
+  # stopped: trained flat out, they spent 60 CPU-s of the suite's 2 cores meanwhile, and
+  # as much again after the requeue, to train past where they had got. The warning's
+  # SIGTERM waits for them, as a signal that comes mid-step does.
+  stopped_tasks = send_to_tasks(job, signal.SIGSTOP)
+  try:
+    limit_warned_at_next_look(job, slurm)
+    job.wait_for(lambda: WARNED_LINE in job.text.splitlines(), 'warning')
+  finally:
+    for pid in stopped_tasks:
+      os.kill(pid, signal.SIGCONT)
   job.wait_for(lambda: job.info()['Restarts'] == '1', 'requeue', timeout=JOB_SECS)
   # The rest in one run, its limit set before the requeued run starts (Slurm holds it for
   # cred_expire, 10 s here): with this one, its warning would be due at once.
@@ -251,7 +284,7 @@ def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
   assert updated.code == 0, updated.log()
   stopped = helpers.matches(STOPPED_LINE, job.lines(CHIEF))
   assert [m.group(1) for m in stopped] == ['SIGTERM'], job.log()
-  assert 'time limit near: stopping the tasks to requeue' in job.text.splitlines(), job.log()
+  assert WARNED_LINE in job.text.splitlines(), job.log()
   # The script requeues the job once srun has ended: its lines are all there.
   assert job.task_exits() == {r: 'Exited with exit code 143' for r in range(TASKS)}, job.log()
   # tf.data's autotuning once paused for long, and a session whose iterator waited for it
