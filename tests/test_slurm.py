@@ -202,22 +202,6 @@ def first_checkpoint_after_zero(job):
   return next((n for n in helpers.steps(SAVED_LINE, job.lines(CHIEF)) if n > 0), None)
 
 
-def test_train_sbatch_flags_after_script_one_node_completes_every_task_exit_0(
-    submit, sample, tmp_path):
-  train_dir = tmp_path / 'train'
-  job = submit(flags=['--batch_size=8', '--max_steps=20', '--train_dir=%s' % train_dir,
-                     *sample.flags])
-  info = job.wait_end()
-  assert (info['JobState'], info['ExitCode'], info['Restarts']) == ('COMPLETED', '0:0', '0'), \
-      job.log()
-  assert job.task_exits() == {}, job.log()  # srun names every task that does not exit 0
-  assert 'Traceback' not in job.text, job.log()
-  done = helpers.matches(DONE_LINE, job.lines(CHIEF))
-  assert [(m.group(1), m.group(3)) for m in done] == [('0', '20')], job.log()
-  assert helpers.global_step(train_dir) == 20
-  assert job.lines(0)[-1] == 'ps task 0 done: training is over', job.log()
-
-
 def test_train_sbatch_scontrol_requeue_mid_run_resumes_from_checkpoint_completes(
     submit, slurm, tmp_path):
   train_dir = tmp_path / 'train'
@@ -300,17 +284,27 @@ def test_train_sbatch_time_limit_shorter_than_training_saves_requeues_resumes(
   assert helpers.global_step(train_dir) == TIME_LIMIT_STEPS
 
 
-def test_train_sbatch_two_jobs_on_one_node_reserved_ports_both_complete(
-    submit, slurm, tmp_path):
-  # Without the ports srun reserves for each step (MpiParams=ports=, SLURM_STEP_RESV_PORTS)
-  # both jobs' tasks would listen on 8888.. of the same node, and the second would stop
-  # with `cannot listen on n1:8888`.
-  jobs = [submit('--nodelist=n1', flags=STEADY_FLAGS + [
-      '--max_steps=400', '--train_dir=%s' % (tmp_path / ('train%d' % i))]) for i in range(2)]
+def test_train_sbatch_two_jobs_flags_after_script_one_node_reserved_ports_both_complete(
+    submit, sample, tmp_path):
+  # Two jobs on one node at once, dist_train.py's flags after the script's name: the
+  # CIFAR-10 sample for 20 steps, and MNIST for 400. Without the ports srun reserves
+  # for each step (MpiParams=ports=, SLURM_STEP_RESV_PORTS) both jobs' tasks would listen
+  # on 8888.. of the same node, and the second would stop with `cannot listen on n1:8888`.
+  train_dirs, max_steps = [tmp_path / 'cifar10', tmp_path / 'mnist'], [20, 400]
+  flags = [['--batch_size=8', *sample.flags], STEADY_FLAGS]
+  jobs = [submit('--nodelist=n1', flags=job_flags + [
+      '--max_steps=%d' % steps, '--train_dir=%s' % train_dir])
+          for job_flags, steps, train_dir in zip(flags, max_steps, train_dirs)]
   infos = [job.wait_end() for job in jobs]
-  for job, info in zip(jobs, infos):
-    assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
-    assert job.task_exits() == {}, job.log()
+  for job, info, train_dir, steps in zip(jobs, infos, train_dirs, max_steps):
+    assert (info['JobState'], info['ExitCode'], info['Restarts']) == (
+        'COMPLETED', '0:0', '0'), job.log()
+    assert job.task_exits() == {}, job.log()  # srun names every task that does not exit 0
+    assert 'Traceback' not in job.text, job.log()
+    done = helpers.matches(DONE_LINE, job.lines(CHIEF))
+    assert [(m.group(1), m.group(3)) for m in done] == [('0', str(steps))], job.log()
+    assert helpers.global_step(train_dir) == steps
+    assert job.lines(0)[-1] == 'ps task 0 done: training is over', job.log()
   ports = [re.findall(r'; ports (\S+) reserved by srun \(SLURM_STEP_RESV_PORTS\)',
                       '\n'.join(job.lines(CHIEF))) for job in jobs]
   assert all(len(found) == 1 for found in ports) and ports[0] != ports[1], ports
