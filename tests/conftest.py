@@ -114,7 +114,7 @@ SLOW_PHASE_SECS = 30
 _controller = []  # the pytest config of the process that writes the terminal
 
 
-# The real-Slurm tests mostly wait on Slurm's clock (a one-minute time limit, a requeue's
+# The real-Slurm tests mostly wait on Slurm's clock (a time limit's warning, a requeue's
 # hold): first, so that the other tests run beside those waits rather than after them.
 WAITING_FIRST = 'test_slurm.py'
 
