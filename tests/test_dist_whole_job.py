@@ -20,7 +20,9 @@ import tensorflow as tf
 import helpers
 from helpers import RESUMING_LINE, SAVED_LINE, STOPPED_LINE, matches
 
-MAX_STEPS = 60    # the stops land at steps 11-14 (here, alone, 2026-11-28)
+MAX_STEPS = 60    # the stops land at steps 11-14 (this project's 2-core EPYC, 2026-11-28,
+                  # `python -m pytest tests/test_dist_whole_job.py -n 0 -s` with the step
+                  # printed in assert_chief_stopped_and_saved)
 GRACE_SECS = 30   # Slurm's KillWait and Kubernetes' terminationGracePeriodSeconds
 # MNIST at 2,000 images a step: about 30 ms a step on 2 cores, so the job trains for
 # seconds past its first checkpoint, where it is stopped. The waits are far above

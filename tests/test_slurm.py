@@ -46,7 +46,9 @@ STEADY_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=8',
 CHIEF = 1                   # SLURM_PROCID of worker 0 with --num_ps=1
 JOB_SECS = 240              # submit to done, one run; about 20-70 s on 2 busy cores
 TIME_LIMIT_STEPS = 1000     # more than the first run trains before its tasks are stopped
-                            # to wait for the warning: 210 and 234 here (first save: 201)
+                            # to wait for the warning: 210 and 234 (first save: 201), the
+                            # chief's `Stopped by SIGTERM at step N` in the job's output,
+                            # `python -m pytest tests/test_slurm.py -n 0`, 2026-11-28
 WARNED_LINE = 'time limit near: stopping the tasks to requeue'  # train.sbatch's
 WARNING_SECS = 150          # the time-limit test's --signal=B:USR1@: due at once once set
 LOOK_SECS = 30              # slurmctld looks at time limits this often

@@ -1,8 +1,8 @@
 """A script run as `python script.py ...` runs, in a child forked from a loaded process.
 
 A fresh interpreter spends seconds of CPU loading TensorFlow before the script's
-first line (or `python -c`'s code's). A process that has loaded it forks instead, and the child becomes the
-program: its argv, environment, working directory and Python's signal dispositions;
+first line (or `python -c`'s code's: the tests' runs). A process that has loaded it
+forks instead, and the child becomes the program: its argv, environment, working directory and Python's signal dispositions;
 this project's modules and absl's parsed flags forgotten, so that the script imports
 and parses its own; the script run as __main__; os._exit with its exit code.
 

@@ -343,12 +343,13 @@ def process_state(pid):
 
 
 def sleeping_in(pid, kernel_function):
-  """True while a thread of the process sleeps in kernel_function (its wchan): a FIFO's
-  open waiting for its other end sleeps in wait_for_partner."""
+  """True while a thread of the process sleeps in kernel_function (its wchan, without
+  the compiler's suffix: do_sigtimedwait.isra.0): a FIFO's open waiting for its other end
+  sleeps in wait_for_partner."""
   for tid in os.listdir('/proc/%d/task' % pid):
     with contextlib.suppress(FileNotFoundError):  # a thread that has just ended
       with open('/proc/%d/task/%s/wchan' % (pid, tid)) as f:
-        if f.read() == kernel_function:
+        if f.read().partition('.')[0] == kernel_function:
           return True
   return False
 
