@@ -30,6 +30,14 @@ from training import machine  # noqa: E402
 # wins, here and in every program the suite starts (.ci/run forces it each way).
 machine.choose(['pytest'])
 
+# TensorFlow's C++ INFO lines from the test processes (a session waiting for a cluster's
+# task: `CreateSession still waiting for response from worker`) landed on pytest's
+# progress line: they drop them, unless the user set a level. The programs the tests
+# start get the user's environment without it (helpers.user_env), and print what they
+# print at their own default.
+if helpers.TF_LOG_LEVEL not in os.environ:
+  os.environ.update({helpers.TF_LOG_LEVEL: '1', helpers.TESTS_ONLY_ENV: helpers.TF_LOG_LEVEL})
+
 # A suite started in the background by a script (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every program it starts: Python then installs no Ctrl-C
 # handler, and the tests that send one would wait for nothing. With Python's own

@@ -28,7 +28,7 @@ PRECISION_LINE = r'precision @ 1 = \d\.\d{3} \(global step (\d+),'
 
 def environment(**variables):
   """A user's environment without a GPU or an orchestrator's variables, and `variables`."""
-  env = {k: v for k, v in os.environ.items()
+  env = {k: v for k, v in helpers.user_env().items()
          if k != 'TF_CONFIG' and not k.startswith('SLURM_')}
   return dict(env, CUDA_VISIBLE_DEVICES='', **variables)
 

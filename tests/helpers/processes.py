@@ -86,9 +86,16 @@ def once_per_run(tmp_path_factory, name, setup):
 
 # ---- Programs that run to the end -------------------------------------------------------
 
+# conftest.py sets TensorFlow's C++ log level for the test processes alone, and names it
+# in TESTS_ONLY_ENV, which xdist's processes inherit with it.
+TF_LOG_LEVEL = 'TF_CPP_MIN_LOG_LEVEL'
+TESTS_ONLY_ENV = 'CIFAR10_TESTS_ONLY'
+
+
 def user_env(**changes):
   """This process's environment as a user's shell has it, with changes (None removes)."""
-  env = dict(os.environ)
+  tests_only = set(os.environ.get(TESTS_ONLY_ENV, '').split(',')) | {TESTS_ONLY_ENV}
+  env = {name: value for name, value in os.environ.items() if name not in tests_only}
   for name, value in changes.items():
     if value is None:
       env.pop(name, None)
