@@ -2,9 +2,10 @@
 
 A fresh interpreter spends seconds of CPU loading TensorFlow before the script's
 first line (or `python -c`'s code's: the tests' runs). A process that has loaded it
-forks instead, and the child becomes the program: its argv, environment, working directory and Python's signal dispositions;
-this project's modules and absl's parsed flags forgotten, so that the script imports
-and parses its own; the script run as __main__; os._exit with its exit code.
+forks instead, and the child becomes the program: its argv, environment, working
+directory and Python's signal dispositions; this project's modules and absl's parsed
+flags forgotten, so that the script imports and parses its own; the script run as
+__main__; os._exit with its exit code.
 
     --local_cluster's tasks (distributed/local_cluster.py): forked from the launcher.
     The tests' programs (tests/helpers/forkserver.py): forked from a server.
