@@ -83,6 +83,19 @@ def test_train_then_evaluate_on_the_sample_no_warning_or_error_line_no_notice_tw
   assert 'precision @ 1 = ' in runs[1].out, runs[1].log()
 
 
+def test_suite_processes_drop_tensorflows_info_lines_programs_get_the_users_level():
+  # conftest.py: TensorFlow's INFO lines from a test process landed on pytest's progress
+  # line. The programs a test starts must not inherit the level: set at all, it turns
+  # their own filter off (prelude.import_tensorflow).
+  if os.environ.get(helpers.TESTS_ONLY_ENV) != helpers.TF_LOG_LEVEL:
+    pytest.skip('%s was set before the suite started: it is the user\'s, and stays'
+                % helpers.TF_LOG_LEVEL)
+  assert os.environ[helpers.TF_LOG_LEVEL] == '1'
+  done = helpers.run([sys.executable, '-c', 'import os; print(sorted(set(os.environ) & '
+                      '{%r, %r}))' % (helpers.TF_LOG_LEVEL, helpers.TESTS_ONLY_ENV)])
+  assert done.code == 0 and done.out == '[]\n', done.log()
+
+
 @pytest.mark.slow
 def test_trainer_at_log_level_0_shows_tensorflow_start_up_notices(tmp_path):
   # Nothing of TensorFlow's is dropped when the user asks for everything.
