@@ -19,7 +19,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'tests'))
 
 import helpers  # noqa: E402  (after the paths it needs)
-from training import machine  # noqa: E402
+from training import machine, prelude  # noqa: E402
 
 # The kernels of this process are the programs' kernels. A test that compares a
 # run in this process with a program's run (tests/test_dist_train.py's sync workers
@@ -35,8 +35,8 @@ machine.choose(['pytest'])
 # progress line: they drop them, unless the user set a level. The programs the tests
 # start get the user's environment without it (helpers.user_env), and print what they
 # print at their own default.
-if helpers.TF_LOG_LEVEL not in os.environ:
-  os.environ.update({helpers.TF_LOG_LEVEL: '1', helpers.TESTS_ONLY_ENV: helpers.TF_LOG_LEVEL})
+if prelude.LOG_LEVEL_ENV not in os.environ:
+  os.environ.update({prelude.LOG_LEVEL_ENV: '1', helpers.TESTS_ONLY_ENV: prelude.LOG_LEVEL_ENV})
 
 # A suite started in the background by a script (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every program it starts: Python then installs no Ctrl-C

@@ -87,12 +87,12 @@ def test_suite_processes_drop_tensorflows_info_lines_programs_get_the_users_leve
   # conftest.py: TensorFlow's INFO lines from a test process landed on pytest's progress
   # line. The programs a test starts must not inherit the level: set at all, it turns
   # their own filter off (prelude.import_tensorflow).
-  if os.environ.get(helpers.TESTS_ONLY_ENV) != helpers.TF_LOG_LEVEL:
+  if os.environ.get(helpers.TESTS_ONLY_ENV) != prelude.LOG_LEVEL_ENV:
     pytest.skip('%s was set before the suite started: it is the user\'s, and stays'
-                % helpers.TF_LOG_LEVEL)
-  assert os.environ[helpers.TF_LOG_LEVEL] == '1'
+                % prelude.LOG_LEVEL_ENV)
+  assert os.environ[prelude.LOG_LEVEL_ENV] == '1'
   done = helpers.run([sys.executable, '-c', 'import os; print(sorted(set(os.environ) & '
-                      '{%r, %r}))' % (helpers.TF_LOG_LEVEL, helpers.TESTS_ONLY_ENV)])
+                      '{%r, %r}))' % (prelude.LOG_LEVEL_ENV, helpers.TESTS_ONLY_ENV)])
   assert done.code == 0 and done.out == '[]\n', done.log()
 
 

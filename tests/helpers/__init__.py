@@ -11,8 +11,8 @@
 
 The pytest fixtures that use them are in tests/conftest.py.
 """
-from helpers.processes import (ROOT, RUN_TIMEOUT_SECS, STARTS, TESTS_ONLY_ENV, TF_LOG_LEVEL,
-                               WAIT_SECS, Run, Task, start, once_per_run, pid_file_alive,
+from helpers.processes import (ROOT, RUN_TIMEOUT_SECS, STARTS, TESTS_ONLY_ENV, WAIT_SECS,
+                               Run, Task, start, once_per_run, pid_file_alive,
                                process_state, run, run_eval_once, send_and_mark,
                                signal_caught, signal_pending, sleeping_in, split_at_mark,
                                started_tasks, task_pid, tasks_of, trainer_argv, user_env,

@@ -86,9 +86,8 @@ def once_per_run(tmp_path_factory, name, setup):
 
 # ---- Programs that run to the end -------------------------------------------------------
 
-# conftest.py sets TensorFlow's C++ log level for the test processes alone, and names it
-# in TESTS_ONLY_ENV, which xdist's processes inherit with it.
-TF_LOG_LEVEL = 'TF_CPP_MIN_LOG_LEVEL'
+# conftest.py sets TensorFlow's C++ log level (prelude.LOG_LEVEL_ENV) for the test
+# processes alone, and names it in TESTS_ONLY_ENV, which xdist's processes inherit with it.
 TESTS_ONLY_ENV = 'CIFAR10_TESTS_ONLY'
 
 
