@@ -53,8 +53,9 @@ def trained(tmp_path_factory):
   # 500 records are spiky: seeds 1-10 gave 0.89-0.90 but for two (0.83, 0.51) whose loss
   # spiked in the last steps. At 0.05, seeds 1-4 gave 0.89-0.90 with batches of 32, and
   # the same with batches of 16 at 62% of the CPU time (27 against 44 CPU-s); with
-  # oneDNN off, seeds 1 and 5 gave 0.89 and 0.88 (2-core EPYC, 2026-11-29). 250 steps of
-  # 16 gave 0.86-0.89: too near the gate.
+  # oneDNN off, seeds 1 and 5 gave 0.89 and 0.88. 250 steps of 16 gave 0.86-0.89: too
+  # near the gate. (This fixture's training, seed and batch changed, then the test's
+  # cifar10_eval.py --run_once; this project's 2-core EPYC, 2026-11-29.)
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(cifar10, 'INITIAL_LEARNING_RATE', 0.05)
     multi_gpu_train.train(helpers.trainer_settings(
