@@ -71,13 +71,13 @@ def test_wait_for_workers_two_workers_report_every_ps_returns_all():
 
 def test_wait_for_workers_chief_only_returns_after_grace():
   ps, workers = start_cluster(num_ps=1, num_workers=3)
-  wait = Waiting(ps[0], 0, 3, grace_secs=2)
+  wait = Waiting(ps[0], 0, 3, grace_secs=1)
   reported_at = time.time()
   assert ps_shutdown.report_finished(workers[0].target, 1, 0, timeout_secs=WAIT_SECS)
   assert wait.join() == ps_shutdown.WorkersSeen([0], 'grace')
-  assert time.time() - reported_at >= 2
+  assert time.time() - reported_at >= 1
   assert wait.lines == ['ps task 0: worker 0 has finished (1 of 3)',
-                        'ps task 0: the chief finished 2 s ago; worker(s) 1,2 have not said '
+                        'ps task 0: the chief finished 1 s ago; worker(s) 1,2 have not said '
                         'so: ending']
 
 
@@ -88,7 +88,7 @@ def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker
   for _ in range(2):  # a restarted worker 1 says it twice
     assert ps_shutdown.report_finished(workers[1].target, 1, 1, timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 1 has finished (1 of 2)')
-  time.sleep(1)  # ten polls: time to end, were a grace period (0 s) started
+  time.sleep(0.5)  # five polls: time to end, were a grace period (0 s) started
   assert wait.result is None  # no chief: no grace period starts
   stop.set()
   assert wait.join() == ps_shutdown.WorkersSeen([1], 'stopped')
@@ -107,7 +107,7 @@ def test_wait_for_workers_stopped_serves_until_every_worker_says_it_stopped():
   assert ps_shutdown.report_finished(workers[1].target, 1, 1, stopped=True,
                                      timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 1 stopped on a signal')
-  time.sleep(1)  # ten polls: the chief has not said it saved
+  time.sleep(0.5)  # five polls: the chief has not said it saved
   assert wait.result is None
   assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
                                      timeout_secs=WAIT_SECS)
@@ -133,15 +133,15 @@ def test_wait_for_workers_chief_stopped_long_before_the_ps_stop_waits_for_it_aga
   # of the ps leave before the new chief's save.
   ps, workers = start_cluster(num_ps=1, num_workers=1)
   stop = threading.Event()
-  wait = Waiting(ps[0], 0, 1, should_stop=stop.is_set, stop_wait_secs=2)
+  wait = Waiting(ps[0], 0, 1, should_stop=stop.is_set, stop_wait_secs=1)
   assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
                                      timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 0 stopped on a signal, after its save')
-  time.sleep(2.5)  # past stop_wait_secs: that word is old when the stop comes
+  time.sleep(1.5)  # past stop_wait_secs: that word is old when the stop comes
   stop.set()
   stopped_at = time.time()
   assert wait.join() == ps_shutdown.WorkersSeen([], 'stopped')
-  assert time.time() - stopped_at >= 2  # the whole stop_wait_secs
+  assert time.time() - stopped_at >= 1  # the whole stop_wait_secs
 
 
 def test_wait_for_workers_report_before_ps_waits_is_kept():
@@ -158,8 +158,8 @@ def test_report_finished_ps_gone_returns_false_within_timeout():
                                   'worker': ['127.0.0.1:%d' % worker_port]})
   worker = tf.compat.v1.train.Server(cluster, job_name='worker', task_index=0)
   start = time.time()
-  assert ps_shutdown.report_finished(worker.target, 1, 0, timeout_secs=2) is False
-  assert 2 <= time.time() - start < 30  # its own 2 s, not a wait without end
+  assert ps_shutdown.report_finished(worker.target, 1, 0, timeout_secs=1) is False
+  assert 1 <= time.time() - start < 30  # its own 1 s, not a wait without end
 
 
 def test_finished_op_under_replica_device_setter_placed_on_each_ps():

@@ -8,6 +8,10 @@ import time
 
 # ---- A server on 127.0.0.1, for the download tests ---------------------------------------
 
+# How often serve_forever looks for shutdown(): shutdown() waits for its next look, and
+# at Python's default (0.5 s) each download test ended half a second after its check.
+SHUTDOWN_POLL_SECS = 0.01
+
 @contextlib.contextmanager
 def serve(directory):
   """An HTTP server on 127.0.0.1 serving directory's files; yields its base URL."""
@@ -56,7 +60,7 @@ def serve_stream(headers, chunks):
 @contextlib.contextmanager
 def _served(server, on_close=lambda: None):
   """Serves on a daemon thread; yields the base URL; on_close(), then stops it."""
-  threading.Thread(target=server.serve_forever, daemon=True).start()
+  threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL_SECS,), daemon=True).start()
   try:
     yield 'http://127.0.0.1:%d/' % server.server_address[1]
   finally:
