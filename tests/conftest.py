@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 
 import pytest
@@ -151,18 +152,26 @@ def pytest_configure(config):
 # ---- How the programs were started: the last line of every run ----------------------------
 # Forked from an imported TensorFlow, or fresh (tests/helpers/forkserver.py says which
 # and why): a test that quietly goes back to fresh interpreters shows here.
+# Beside them, how long a fork server took to start and import TensorFlow: the host's
+# speed during the run, which on this project's shared host moved the suite's time by a
+# quarter within the hour (docs/tests.md).
 _starts = collections.Counter()
+_import_secs = []
 
 
 def pytest_sessionfinish(session):
   if hasattr(session.config, 'workerinput'):  # an xdist worker: to the controller
-    session.config.workeroutput['starts'] = dict(helpers.STARTS)
+    session.config.workeroutput.update(starts=dict(helpers.STARTS),
+                                       import_secs=helpers.server_import_secs())
   else:
     _starts.update(helpers.STARTS)
+    _import_secs.extend(helpers.server_import_secs())
 
 
 def pytest_testnodedown(node, error):
-  _starts.update(getattr(node, 'workeroutput', {}).get('starts', {}))
+  output = getattr(node, 'workeroutput', {})
+  _starts.update(output.get('starts', {}))
+  _import_secs.extend(output.get('import_secs', []))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -173,6 +182,11 @@ def pytest_terminal_summary(terminalreporter):
         'launchers, which fork their tasks' % (
             _starts['forked runs'], _starts['fresh interpreters'], _starts['fork servers'],
             _starts['launchers']))
+  if _import_secs:
+    terminalreporter.write_line(
+        'this host\'s speed: a fork server started and imported TensorFlow in %.2f CPU-s '
+        '(median of %d); compare suite times taken at like figures' % (
+            statistics.median(_import_secs), len(_import_secs)))
 
 
 def pytest_runtest_logreport(report):

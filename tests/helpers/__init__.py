@@ -14,9 +14,9 @@ The pytest fixtures that use them are in tests/conftest.py.
 from helpers.processes import (ROOT, RUN_TIMEOUT_SECS, STARTS, TESTS_ONLY_ENV, WAIT_SECS,
                                Run, Task, start, once_per_run, pid_file_alive,
                                process_state, run, run_eval_once, send_and_mark,
-                               signal_caught, signal_pending, sleeping_in, split_at_mark,
-                               started_tasks, task_pid, tasks_of, trainer_argv, user_env,
-                               wait_until, write_log)
+                               server_import_secs, signal_caught, signal_pending, sleeping_in,
+                               split_at_mark, started_tasks, task_pid, tasks_of, trainer_argv,
+                               user_env, wait_until, write_log)
 from helpers.lines import (DONE_LINE, LOSS_LINE, PRECISION_LINE, RESUMING_LINE, SAVED_LINE,
                            SKIP_LINE, STOPPED_LINE, TASK_PREFIX, TRAINING_FROM,
                            WORKER_LOSS_LINE, assert_each_refused_in_one_line,

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -54,6 +55,10 @@ IMPORT_TIME = re.compile(r'(TF_|ONEDNN_|DNNL_|CUDA_|OMP_|KMP_|MKL_|PYTHON|LD_|GR
 NOT_IMPORT_TIME = {'TF_CONFIG', 'PYTHONUNBUFFERED', 'CUDA_VISIBLE_DEVICES'}
 REQUEST_BYTES = 1 << 20      # one request's JSON: argv, environment, cwd
 SERVER_ENV = {'OPENBLAS_NUM_THREADS': '1'}  # numpy's OpenBLAS would start a thread
+# The server's log line once PRELOAD is in: its CPU time from the interpreter's start, the
+# cost of every fresh program's start, and so a measure of how fast the host runs now.
+IMPORTED_LINE = 'imported %s in %.2f CPU-s'
+IMPORTED = re.compile(r'^imported .* in ([\d.]+) CPU-s$', re.M)
 
 
 # ---- Which runs are forked -------------------------------------------------------------
@@ -110,6 +115,12 @@ class Server:
           raise AssertionError('the fork server exited with %s; its log: %s'
                                % (self.process.returncode, self.log_path)) from None
         select.select([], [], [], 0.01)
+
+  def import_cpu_secs(self):
+    """The CPU time the server took to start and import PRELOAD; None until it has."""
+    with open(self.log_path) as log:
+      found = IMPORTED.search(log.read())
+    return float(found.group(1)) if found else None
 
   def stop(self):
     if self.process.poll() is None:
@@ -194,6 +205,7 @@ def serve(path):
   listener.listen(64)
   for name in PRELOAD:
     __import__(name)
+  print(IMPORTED_LINE % (', '.join(PRELOAD), time.process_time()), flush=True)
   threads = os.listdir('/proc/self/task')
   if len(threads) != 1:  # a fork would copy a lock some other thread holds
     sys.exit('fork server: %d threads after the imports; forking is unsafe' % len(threads))

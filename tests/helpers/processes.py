@@ -168,6 +168,12 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
                           start_new_session=new_session, preexec_fn=preexec or None)
 
 
+def server_import_secs():
+  """The CPU seconds each fork server of this process took to start and import TensorFlow
+  (forkserver.IMPORTED_LINE): how fast the host ran while the suite did."""
+  return [secs for secs in (s.import_cpu_secs() for s in _servers.values()) if secs]
+
+
 def _server(environment):
   key = json.dumps(environment)
   if key not in _servers:
