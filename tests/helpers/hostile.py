@@ -12,6 +12,7 @@ import time
 # at Python's default (0.5 s) each download test ended half a second after its check.
 SHUTDOWN_POLL_SECS = 0.01
 
+
 @contextlib.contextmanager
 def serve(directory):
   """An HTTP server on 127.0.0.1 serving directory's files; yields its base URL."""
@@ -60,7 +61,8 @@ def serve_stream(headers, chunks):
 @contextlib.contextmanager
 def _served(server, on_close=lambda: None):
   """Serves on a daemon thread; yields the base URL; on_close(), then stops it."""
-  threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL_SECS,), daemon=True).start()
+  threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL_SECS,),
+                   daemon=True).start()
   try:
     yield 'http://127.0.0.1:%d/' % server.server_address[1]
   finally:
