@@ -48,10 +48,28 @@ class Waiting:
     helpers.wait_until(lambda: any(line.endswith(text) for line in self.lines),
                        'line ending %r in %s' % (text, self.lines), timeout=WAIT_SECS)
 
+  def polled(self, stop, polls):
+    """Returns once wait_for_workers has made polls more whole polls, or has returned."""
+    calls = stop.calls + polls + 1  # a call starts a poll: the one after polls ended
+    helpers.wait_until(lambda: stop.calls >= calls or not self._thread.is_alive(),
+                       '%d polls' % polls, timeout=WAIT_SECS)
+
   def join(self, timeout=WAIT_SECS):
     self._thread.join(timeout)
     assert not self._thread.is_alive(), 'still waiting after %d s: %s' % (timeout, self.lines)
     return self.result
+
+
+class CountedStop(threading.Event):
+  """An event whose check, wait_for_workers' should_stop, counts its calls: one a poll."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = 0
+
+  def __call__(self):
+    self.calls += 1
+    return self.is_set()
 
 
 def test_wait_for_workers_two_workers_report_every_ps_returns_all():
@@ -83,12 +101,12 @@ def test_wait_for_workers_chief_only_returns_after_grace():
 
 def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker_once():
   ps, workers = start_cluster(num_ps=1, num_workers=2)
-  stop = threading.Event()
-  wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop.is_set, stop_wait_secs=0)
+  stop = CountedStop()
+  wait = Waiting(ps[0], 0, 2, grace_secs=0, should_stop=stop, stop_wait_secs=0)
   for _ in range(2):  # a restarted worker 1 says it twice
     assert ps_shutdown.report_finished(workers[1].target, 1, 1, timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 1 has finished (1 of 2)')
-  time.sleep(0.5)  # five polls: time to end, were a grace period (0 s) started
+  wait.polled(stop, 5)  # time to end, were a grace period (0 s) started
   assert wait.result is None  # no chief: no grace period starts
   stop.set()
   assert wait.join() == ps_shutdown.WorkersSeen([1], 'stopped')
@@ -100,14 +118,14 @@ def test_wait_for_workers_without_chief_waits_until_stopped_counting_each_worker
 def test_wait_for_workers_stopped_serves_until_every_worker_says_it_stopped():
   # A whole job stopped at once: the ps task outlives the chief's save, then leaves.
   ps, workers = start_cluster(num_ps=1, num_workers=2)
-  stop = threading.Event()
+  stop = CountedStop()
   stop.set()
-  wait = Waiting(ps[0], 0, 2, should_stop=stop.is_set, stop_wait_secs=60, others_secs=60)
+  wait = Waiting(ps[0], 0, 2, should_stop=stop, stop_wait_secs=60, others_secs=60)
   wait.wait_for_line('at most 60 s')
   assert ps_shutdown.report_finished(workers[1].target, 1, 1, stopped=True,
                                      timeout_secs=WAIT_SECS)
   wait.wait_for_line('worker 1 stopped on a signal')
-  time.sleep(0.5)  # five polls: the chief has not said it saved
+  wait.polled(stop, 5)  # the chief has not said it saved
   assert wait.result is None
   assert ps_shutdown.report_finished(workers[0].target, 1, 0, stopped=True,
                                      timeout_secs=WAIT_SECS)
