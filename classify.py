@@ -38,10 +38,13 @@ except ImportError:  # copied beside a model elsewhere, without prelude's filter
     os.dup2(_held.fileno(), 2)
     try:
       import tensorflow  # noqa: F401
-    except BaseException:
+    except BaseException as _error:
       os.dup2(_stderr, 2)
       _held.seek(0)
       os.write(2, _held.read())
+      if isinstance(_error, ImportError):  # one line, as prelude.cannot_import says it
+        sys.exit('error: %s cannot import tensorflow (%s). Install it into this Python: '
+                 '%s -m pip install tensorflow' % (sys.executable, _error, sys.executable))
       raise
     finally:
       os.dup2(_stderr, 2)

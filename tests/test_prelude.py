@@ -220,3 +220,49 @@ def test_pid_1_passes_sigterm_on_to_the_program_and_exits_with_its_code(tmp_path
   os.kill(pid_1, signal.SIGTERM)
   assert unshare.finish() == 143, unshare.log()
   assert unshare.err_lines[-1] == 'the last words, with no newline', unshare.log()
+
+
+BROKEN_TENSORFLOW = 'raise ImportError("libcudart.so.12: cannot open shared object file")\n'
+
+
+@pytest.fixture(scope='module')
+def bare_pythons(tmp_path_factory):
+  """{'bare': a new venv's python, no package installed; 'broken': one whose TensorFlow
+  fails at import as an install without its libraries does}."""
+  pythons = {}
+  for name in ('bare', 'broken'):
+    venv = tmp_path_factory.mktemp(name)
+    made = helpers.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)])
+    assert made.code == 0, made.log()
+    pythons[name] = str(venv / 'bin' / 'python')
+  site = subprocess.run([pythons['broken'], '-c', 'import sysconfig; '
+                         'print(sysconfig.get_paths()["purelib"])'],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  os.makedirs(os.path.join(site, 'tensorflow'))
+  with open(os.path.join(site, 'tensorflow', '__init__.py'), 'w') as f:
+    f.write(BROKEN_TENSORFLOW)
+  return pythons
+
+
+@pytest.mark.parametrize('python', ['bare', 'broken'])
+@pytest.mark.parametrize('program', PROGRAMS + ['classify.py', '-m benchmarks'])
+def test_program_on_python_without_tensorflow_exits_with_one_line_naming_it_and_the_fix(
+    bare_pythons, python, program):
+  interpreter = bare_pythons[python]
+  argv = program.split() if program.startswith('-m') else [os.path.join(helpers.ROOT, program)]
+  done = helpers.run([interpreter] + argv)
+  assert done.code == 1 and done.out == '' and len(done.err.splitlines()) == 1, done.log()
+  package = 'numpy' if program == '-m benchmarks' else 'tensorflow'  # numpy: neither has it
+  assert done.err.startswith('error: %s cannot import %s (' % (interpreter, package)), done.log()
+  if program != 'classify.py':  # it needs TensorFlow alone, and says so
+    assert done.err.endswith(' Install the requirements into this Python: %s -m pip install '
+                             '-r %s\n' % (interpreter, prelude.REQUIREMENTS)), done.log()
+  if python == 'broken' and program != '-m benchmarks':
+    assert 'libcudart.so.12: cannot open shared object file' in done.err, done.log()
+
+
+def test_help_on_python_without_absl_exits_with_one_line(bare_pythons):
+  done = helpers.run([bare_pythons['bare'], os.path.join(helpers.ROOT, 'multi_gpu_train.py'),
+                      '--help'])
+  assert done.code == 1 and len(done.err.splitlines()) == 1, done.log()
+  assert done.err.startswith('error: %s cannot import absl (' % bare_pythons['bare']), done.log()

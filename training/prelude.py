@@ -7,6 +7,9 @@
   1. check_python(): Python 3.11 or newer, else one line and exit 1
      (distributed/local_cluster.py starts its tasks with Popen(process_group=), new
      in 3.11; below it a run would stop on a traceback, or further in).
+     A package this Python cannot import (not installed in it, as in a new venv, or
+     broken) is one line too, naming this Python and the install command
+     (cannot_import), wherever the import is: absl's for --help, TensorFlow's in 4.
   2. answer_help(argv): --help lists every flag, --helpshort the program's own, and
      both exit 0 (absl's print the same short list and exit 1).
   3. machine.choose(argv): TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, at import.
@@ -22,6 +25,7 @@ before it reads the level (docs/trainer.md, "The start-up lines in full", tells 
 Imports no TensorFlow but in import_tensorflow().
 """
 import contextlib
+import importlib.util
 import os
 import re
 import signal
@@ -31,6 +35,8 @@ import threading
 from training import machine, signals
 
 PYTHON = (3, 11)              # the oldest Python the programs run on
+REQUIREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            'requirements.txt')
 LOG_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 DEFAULT_LOG_LEVEL = '2'       # TensorFlow's errors only; no INFO, WARNING
 SEVERITIES = 'IWEF'           # absl's letters, in TF_CPP_MIN_LOG_LEVEL's order 0..3
@@ -81,7 +87,8 @@ def answer_help(argv):
   if not asked:
     return
   argv[1:ends] = [arg for arg in argv[1:ends] if arg not in HELP_ARGS]
-  from absl import app  # absl only: TensorFlow is not imported yet
+  with cannot_import('absl'):
+    from absl import app  # absl only: TensorFlow is not imported yet
   app.call_after_init(lambda: app.usage(shorthelp=HELP_ARGS[asked[0]], writeto_stdout=True,
                                         exitcode=0))
 
@@ -93,6 +100,33 @@ def check_python(version=None):
     sys.exit('error: this project needs Python %d.%d or newer; this is Python %s (%s). '
              'Install one, then `python -m pip install -r requirements.txt` with it.'
              % (PYTHON + ('.'.join(map(str, version[:3])), sys.executable)))
+
+
+@contextlib.contextmanager
+def cannot_import(package):
+  """Around an import of package: if this Python cannot import it (not installed in this
+  interpreter, a venv's without the requirements say, or a broken install), exits 1 with
+  one line naming the interpreter, what failed and the command that installs it; no
+  traceback. The first line of the error stays, e.g. a missing CUDA library's name."""
+  try:
+    yield
+  except Exception as error:  # noqa: BLE001  (a broken install raises more than ImportError)
+    said = (str(error).strip().splitlines() or [''])[0]
+    exit_for_missing(package, '%s: %s' % (type(error).__name__, said))
+
+
+def require(*packages):
+  """Exits as cannot_import does if this Python has not one of packages installed; imports
+  none of them (python -m benchmarks' parent imports no TensorFlow, its workers do)."""
+  for package in packages:
+    if importlib.util.find_spec(package) is None:
+      exit_for_missing(package, 'not installed')
+
+
+def exit_for_missing(package, why):
+  sys.exit('error: %s cannot import %s (%s). Install the requirements into this Python: '
+           '%s -m pip install -r %s'
+           % (sys.executable, package, why, sys.executable, REQUIREMENTS))
 
 
 def import_tensorflow(environ=None, for_life=False):
@@ -117,7 +151,8 @@ def import_tensorflow(environ=None, for_life=False):
   environ.setdefault(LOG_LEVEL_ENV, DEFAULT_LOG_LEVEL)
   level = min_level(environ[LOG_LEVEL_ENV])
   if level == 0 or ('tensorflow' in sys.modules and not for_life):
-    import tensorflow  # noqa: F401  (nothing to drop, or too late to: loaded already)
+    with cannot_import('tensorflow'):
+      import tensorflow  # noqa: F401  (nothing to drop, or too late to: loaded already)
     return
   sys.stderr.flush()
   read_end, write_end = os.pipe()
@@ -129,7 +164,8 @@ def import_tensorflow(environ=None, for_life=False):
   os.dup2(write_end, 2)
   os.close(write_end)
   try:
-    import tensorflow  # noqa: F401,F811
+    with cannot_import('tensorflow'):
+      import tensorflow  # noqa: F401,F811
   finally:
     if for_life:  # the filter stays, and ends after this process
       os.close(saved_stderr)
