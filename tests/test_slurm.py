@@ -11,6 +11,7 @@ lines in the job's output. Each job's output, when a check fails, is in the mess
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -64,14 +65,19 @@ TASK_EXIT = re.compile(r'^srun: error: \S+: tasks? ([\d,-]+): (.*)$')
 def slurm(tmp_path_factory):
   """The environment that reaches the Slurm: SLURM_CONF, and `python` as this one.
 
-  sbatch hands the job this environment, so the tasks run this Python.
+  sbatch hands the job this environment, so the tasks run this Python: a script that
+  execs it by the path it was started by, not a symlink to it, which a venv's python
+  is not reached through (Python finds its venv beside the path it was started by: a
+  link in another folder started the base interpreter, without the venv's TensorFlow).
   """
   was_running = helpers.pid_file_alive(os.path.join(STATE_DIR, 'slurmctld.pid'))
   started = helpers.run(['bash', SCRIPT, 'start'], timeout=600)
   assert started.code == 0, started.log()
   conf = re.search(r'^export SLURM_CONF=(\S+)$', started.out, re.M).group(1)
   bin_dir = tmp_path_factory.mktemp('bin')
-  os.symlink(sys.executable, str(bin_dir / 'python'))
+  python = bin_dir / 'python'
+  python.write_text('#!/bin/sh\nexec %s "$@"\n' % shlex.quote(sys.executable))
+  python.chmod(0o755)
   yield helpers.user_env(SLURM_CONF=conf,
                          PATH='%s:%s' % (bin_dir, os.environ.get('PATH', '')))
   if not was_running:
@@ -133,12 +139,17 @@ class Job:
     return found
 
   def wait_for(self, condition, what, timeout=JOB_SECS):
-    """Polls condition() until it is truthy; returns it. Fails with the job's output."""
+    """Polls condition() until it is truthy; returns it. Fails with the job's output at
+    the timeout, or as soon as the job has ended without it (a job whose tasks all
+    failed at once is not waited for)."""
     deadline = time.time() + timeout
     while True:
-      found = condition()
+      ended = self.info()['JobState'] in ENDED
+      found = condition()  # after the look at the state: an end comes after its lines
       if found:
         return found
+      if ended:
+        raise AssertionError('no %s: the job ended first: %s' % (what, self.log()))
       if time.time() > deadline:
         raise AssertionError('no %s within %d s: %s' % (what, timeout, self.log()))
       time.sleep(0.5)
