@@ -24,6 +24,7 @@ from absl import flags
 
 import cifar10
 import cifar10_input
+import data_sets
 from training import evaluation
 from training import errors
 
@@ -43,7 +44,8 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 def main(argv):
   with errors.one_line_errors():  # every error a user can cause: one line, its exit code
     errors.refuse_arguments(argv)  # absl has already refused unknown flags
-    evaluation.main(FLAGS, cifar10, cifar10_input, 'python multi_gpu_train.py')
+    evaluation.main(FLAGS, cifar10, cifar10_input, data_sets.DATASETS,
+                    'python multi_gpu_train.py')
 
 
 if __name__ == '__main__':

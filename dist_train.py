@@ -390,7 +390,8 @@ def main(argv, slurm_cluster=None):
     errors.refuse_arguments(argv)  # absl has already refused unknown flags
     check_flags(FLAGS)
     if FLAGS.local_cluster:
-      return local_cluster.main(FLAGS)  # its exit code: app.run exits with it
+      # local_cluster's exit code: app.run exits with it
+      return local_cluster.main(FLAGS, data_sets.DATASETS[FLAGS.dataset].input)
     cluster = task_cluster.cluster_from_flags(FLAGS, slurm_cluster)
     # Then at once, so that no Ctrl-C or SIGTERM is lost: a worker finishes its step,
     # the chief saves, a ps task stops waiting for the workers.
@@ -400,7 +401,8 @@ def main(argv, slurm_cluster=None):
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)  # MonitoredSession's INFO
     settings = trainer_settings.settings_from_flags(FLAGS)
     if cluster.job_name == 'evaluator':
-      return evaluator.run_evaluator(settings, FLAGS.eval_dir, FLAGS.eval_interval_secs)
+      return evaluator.run_evaluator(settings, data_sets.DATASETS, FLAGS.eval_dir,
+                                     FLAGS.eval_interval_secs)
     spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
                                            'worker': cluster.worker_hosts})
     if ps_task.job_is_over(cluster, spec, settings):

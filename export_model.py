@@ -296,7 +296,7 @@ def check_holds_network(path, data, to_restore, found):
   has every variable of to_restore (variables_to_restore of data's network, built)."""
   wrong = evaluation.mismatch(to_restore, found)
   if wrong:
-    held = evaluation.network_held(found, other_than=data.model)
+    held = evaluation.network_held(found, DATASETS, other_than=data.model)
     raise ExportError('%s does not hold the %s network (%s). %s' % (
         path, data.model.__name__, wrong,
         'It holds the %s network: pass --dataset=%s.' % (held, held) if held else

@@ -22,6 +22,7 @@ if __name__ == '__main__':  # a program, not a module imported by another (tests
 from absl import app
 from absl import flags
 
+import data_sets
 from training import evaluation
 import mnist
 import mnist_input
@@ -44,7 +45,8 @@ flags.adopt_module_key_flags(evaluation)  # its flags in this program's --helpsh
 def main(argv):
   with errors.one_line_errors():  # every error a user can cause: one line, its exit code
     errors.refuse_arguments(argv)  # absl has already refused unknown flags
-    evaluation.main(FLAGS, mnist, mnist_input, 'python multi_gpu_train.py --dataset=mnist')
+    evaluation.main(FLAGS, mnist, mnist_input, data_sets.DATASETS,
+                    'python multi_gpu_train.py --dataset=mnist')
 
 
 if __name__ == '__main__':

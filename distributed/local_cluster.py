@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 
-import data_sets
 from distributed import cluster_env
 from training import errors, forked_run, machine, signals, startup, storage
 from training import settings as trainer_settings
@@ -494,8 +493,10 @@ def run(num_ps, num_workers, task_flags, exposure_warning, stop=None):
     return stop.exit_code
 
 
-def main(flag_values):
+def main(flag_values, data_input):
   """dist_train.py --local_cluster=P,W: its checks and the data, then run(); the exit code.
+
+  data_input: the --dataset's input module, which prepares the data once for every task.
 
   Raises errors.TrainingError (a flag, a spec, more tasks than memory holds) and what
   the data's preparation raises: dist_train.py's main says them in one line.
@@ -522,7 +523,7 @@ def main(flag_values):
           % (flag, path))
   # The data once, here, rather than racing in every worker; a signal stops its download.
   stop = signals.StopSignals()
-  startup.prepare_data(settings, data_sets.DATASETS[flag_values.dataset].input, stop)
+  startup.prepare_data(settings, data_input, stop)
   # Every flag given on this command line goes to every task.
   task_flags = [flag_values[name].serialize() for name in flag_values
                 if flag_values[name].present and flag_values[name].name not in LAUNCHER_FLAGS]

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import cifar10
 import cifar10_input
+import data_sets
 from training import errors, evaluation
 import helpers
 import multi_gpu_train
@@ -32,7 +33,8 @@ def _eval_flags(checkpoint_dir, eval_dir, data_dir, **changes):
 def _evaluate_in_process(flags, capsys):
   """evaluation's loop as cifar10_eval.py runs it, here; returns its PRECISION_LINE matches."""
   with tf.Graph().as_default():  # as after the program's disable_eager_execution()
-    writer = evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input, 'train')
+    writer = evaluation._evaluate_new_checkpoints(flags, cifar10, cifar10_input,
+                                                  data_sets.DATASETS, 'train')
     if writer:
       writer.close()
   out = capsys.readouterr().out
@@ -189,7 +191,7 @@ def test_eval_dir_same_as_checkpoint_dir_refused(tmp_path, capsys):
   # evaluation.main's first checks, before it changes anything in the process.
   with pytest.raises(errors.EvalError) as e:  # the program prints it, `error: `, exit 1
     evaluation.main(_eval_flags(tmp_path, tmp_path, str(tmp_path / 'data')), cifar10,
-                    cifar10_input, 'python multi_gpu_train.py')
+                    cifar10_input, data_sets.DATASETS, 'python multi_gpu_train.py')
   assert 'give this program a directory of its own' in str(e.value)
   assert capsys.readouterr().out == '' and os.listdir(tmp_path) == []
 
@@ -225,7 +227,8 @@ def test_eval_bad_flag_exits_one_line_naming_it_before_anything(tmp_path, capsys
   flags = _eval_flags(**dict(dict(checkpoint_dir=tmp_path / 'train', eval_dir=tmp_path / 'eval',
                                   data_dir=str(tmp_path / 'data'), run_once=False), **changes))
   with pytest.raises(errors.EvalError) as e:
-    evaluation.main(flags, cifar10, cifar10_input, 'python multi_gpu_train.py')
+    evaluation.main(flags, cifar10, cifar10_input, data_sets.DATASETS,
+                    'python multi_gpu_train.py')
   assert str(e.value).startswith(expected.replace('{tmp}', str(tmp_path)))
   assert '\n' not in str(e.value)
   assert capsys.readouterr().out == '' and os.listdir(tmp_path) == ['file']
@@ -299,7 +302,8 @@ def test_eval_run_once_checkpoint_it_cannot_restore_says_what_to_do_for_that_cau
       tf.compat.v1.train.Saver().save(sess, str(train_dir / 'model.ckpt'), global_step=1)
   with pytest.raises(errors.EvalError) as raised, tf.Graph().as_default():
     evaluation._evaluate_new_checkpoints(
-        _eval_flags(train_dir, tmp_path / 'eval', sample.dir), cifar10, cifar10_input, 'train')
+        _eval_flags(train_dir, tmp_path / 'eval', sample.dir), cifar10, cifar10_input,
+        data_sets.DATASETS, 'train')
   said = str(raised.value)
   assert said.startswith('cannot restore %s/model.ckpt-1 into the cifar10 model: '
                          % train_dir), said

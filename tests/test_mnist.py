@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import data_sets
 from training import errors, evaluation, summaries
 import helpers
 import mnist
@@ -76,7 +77,8 @@ def test_train_two_towers_then_eval_learns_the_sample(mnist_sample, tmp_path, ca
       eval_data='test', batch_size=1000, use_moving_averages=True, run_once=True,
       eval_interval_secs=10)  # mnist_eval.py's defaults
   with tf.Graph().as_default():  # as after the program's disable_eager_execution()
-    evaluation._evaluate_new_checkpoints(flags, mnist, mnist_input, 'train').close()
+    evaluation._evaluate_new_checkpoints(flags, mnist, mnist_input, data_sets.DATASETS,
+                                         'train').close()
   out = capsys.readouterr().out
   found = helpers.matches(helpers.PRECISION_LINE, out.splitlines())
   assert len(found) == 1, out
@@ -149,7 +151,8 @@ def test_mnist_eval_cifar10_checkpoint_refused_naming_the_network_it_holds(mnist
   path = _untrained_checkpoint(cifar10, cifar10_input, tmp_path / 'train', 7)
   options = _eval_options(tmp_path / 'train', tmp_path / 'eval', mnist_sample)
   with tf.Graph().as_default(), pytest.raises(errors.EvalError) as e:
-    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, 'train')
+    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, data_sets.DATASETS,
+                                         'train')
   assert str(e.value).startswith('cannot restore %s into the %s model: ' % (path, 'mnist'))
   assert str(e.value).endswith(
       '. It holds the cifar10 network: evaluate it with cifar10_eval.py.'), e.value
@@ -167,7 +170,8 @@ def test_eval_checkpoint_below_eval_dirs_points_moves_them_out_of_logdirs_reach(
   _untrained_checkpoint(mnist, mnist_input, tmp_path / 'train', 7)
   options = _eval_options(tmp_path / 'train', tmp_path / 'eval', mnist_sample)
   with tf.Graph().as_default():
-    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, 'train').close()
+    evaluation._evaluate_new_checkpoints(options, mnist, mnist_input, data_sets.DATASETS,
+                                         'train').close()
   [moved] = [line for line in capsys.readouterr().out.splitlines() if 'moved' in line]
   [replaced] = [p for p in os.listdir(tmp_path) if p.startswith('eval-replaced-')]
   assert moved == ('%s held points up to global step 900, of a model since replaced: moved '

@@ -1,7 +1,9 @@
 """Precision @ 1 of a trainer's checkpoints: what cifar10_eval.py and mnist_eval.py share.
 
 Each program defines its flags with define_flags(its defaults) and calls
-main(options, model, data_input, trainer_command). The graph is built from code;
+main(options, model, data_input, networks, trainer_command): it hands in its data set,
+and every data set (data_sets.DATASETS) for naming the network a checkpoint that does
+not fit holds; training/ imports no top-level module. The graph is built from code;
 the moving-average (shadow) values of the checkpoint are restored into it;
 every record of the chosen split is scored exactly once. The checkpoint
 directory is only read: never written, locked or deleted.
@@ -18,7 +20,6 @@ import time
 from absl import flags
 import tensorflow as tf
 
-import data_sets
 from training import input_data, machine
 from training import checkpoints, directory, errors, settings, signals, storage, summaries
 
@@ -134,13 +135,14 @@ Options = collections.namedtuple('Options', [
               input_data.DOWNLOAD_STALL_SECS))
 
 
-def main(options, model, data_input, trainer_command,
-         last_step=None):
+def main(options, model, data_input, networks, trainer_command, last_step=None):
   """Evaluates once (--run_once) or whenever a new checkpoint appears.
 
   Args:
     options: the parsed flags of define_flags(), or an object with the same names.
     model, data_input: the data set's model package and input module.
+    networks: {name: data_sets.DataSet} of every data set (data_sets.DATASETS): a
+      checkpoint that does not restore is told which of their networks it holds.
     trainer_command: how to train for this directory, for the no-checkpoint message.
     last_step: int or None: return once a checkpoint at this global step or later
       has been scored (dist_train.py's evaluator: the training's --max_steps).
@@ -160,7 +162,8 @@ def main(options, model, data_input, trainer_command,
   try:
     data_input.prepare(options.data_dir, options.data_url, getattr(options, 'data_md5', None),
                        settings.deadlines(options))
-    writer = _evaluate_new_checkpoints(options, model, data_input, trainer_command, last_step)
+    writer = _evaluate_new_checkpoints(options, model, data_input, networks, trainer_command,
+                                       last_step)
   except KeyboardInterrupt as e:  # it only reads the checkpoints: nothing to save
     # Ctrl-C or SIGTERM, as signals.Interrupted
     print('Stopped by %s.' % getattr(e, 'name', 'Ctrl-C'), file=sys.stderr, flush=True)
@@ -290,14 +293,15 @@ def _latest_step(eval_dir):
   return latest
 
 
-def _elsewhere(e, path, model):
+def _elsewhere(e, path, model, networks):
   """What to do with a checkpoint that would not restore into the model: nothing more
-  for a damaged one; the program for the network it holds; else the trainer's dir."""
+  for a damaged one; the program for the network it holds, if one of networks; else
+  the trainer's dir."""
   if checkpoints.damaged(e):
     return ''
   try:
     held = network_held(tf.train.load_checkpoint(path).get_variable_to_shape_map(),
-                        other_than=model)
+                        networks, other_than=model)
   except (tf.errors.OpError, ValueError):  # gone or unreadable since: said as it was
     held = None
   if held:
@@ -305,15 +309,17 @@ def _elsewhere(e, path, model):
   return ' Point --checkpoint_dir at the trainer\'s --train_dir.'
 
 
-def network_held(found, other_than=None):
+def network_held(found, networks, other_than=None):
   """The name of the data set ('cifar10', 'mnist') whose network a checkpoint holds,
-  every moving average by name and shape; None when it holds no network of ours.
+  every moving average by name and shape; None when it holds none of networks.
 
   Args:
     found: {name: shape} of the checkpoint (its get_variable_to_shape_map()).
+    networks: {name: a data set}, each with .model (the model package) and .input
+      (the input module): data_sets.DATASETS, or export_model.DATASETS.
     other_than: the model package that did not fit, not tried again.
   """
-  for name, data in sorted(data_sets.DATASETS.items()):
+  for name, data in sorted(networks.items()):
     if data.model is not other_than and not mismatch(
         network_variables(data.model, data.input), found):
       return name
@@ -343,7 +349,7 @@ def mismatch(to_restore, found):
   return None
 
 
-def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
+def _evaluate_new_checkpoints(options, model, data_input, networks, trainer_command,
                               last_step=None):
   """The loop: each new checkpoint scored once; returns the event writer, if any."""
   averages = 'moving averages' if options.use_moving_averages else 'raw weights'
@@ -370,7 +376,7 @@ def _evaluate_new_checkpoints(options, model, data_input, trainer_command,
         if not checkpoints.rotated_away(path, went_away):
           raise errors.EvalError('cannot restore %s into the %s model: %s%s' % (
               path, model.__name__, checkpoints.restore_error(e),
-              _elsewhere(e, path, model))) from None
+              _elsewhere(e, path, model, networks))) from None
         went_away = path
         continue
       print('%s: precision @ 1 = %.3f (global step %d, %d %s records, %s, '
