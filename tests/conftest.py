@@ -12,6 +12,7 @@ import shutil
 import signal
 import statistics
 import sys
+import types
 
 import pytest
 
@@ -97,6 +98,41 @@ def tasks():
 def module_tasks():
   """start(argv, env=None) -> helpers.Task, for processes a module's tests share."""
   yield from helpers.started_tasks()
+
+
+# ---- Exported models: tests/test_export_model.py and tests/test_classify.py -------------
+# Once per test process for both files: their tests that use one carry
+# @pytest.mark.xdist_group('export'), so that one process trains and exports each once.
+
+@pytest.fixture(scope='session')
+def exported(sample, tmp_path_factory):
+  """A CIFAR-10 model trained 20 steps on the sample, exported by `python export_model.py`."""
+  import multi_gpu_train
+  root = tmp_path_factory.mktemp('export')
+  train_dir, export_dir = str(root / 'train'), str(root / 'model')
+  multi_gpu_train.train(helpers.trainer_settings(
+      train_dir, sample.dir, num_gpus=1, batch_size=16, max_steps=20, summary_steps=0,
+      data_md5=sample.md5, seed=1))
+  done = helpers.run(['export_model.py', '--train_dir=' + train_dir,
+                      '--export_dir=' + export_dir])
+  assert done.code == 0, done.log()
+  return types.SimpleNamespace(root=str(root), train_dir=train_dir, export_dir=export_dir,
+                               checkpoint=os.path.join(train_dir, 'model.ckpt-20'), run=done)
+
+
+@pytest.fixture(scope='session')
+def mnist_exported(mnist_sample, tmp_path_factory):
+  """An MNIST model trained 20 steps on the sample, exported in this process."""
+  import export_model
+  import multi_gpu_train
+  root = tmp_path_factory.mktemp('mnist_export')
+  train_dir, export_dir = str(root / 'train'), str(root / 'model')
+  multi_gpu_train.train(helpers.trainer_settings(
+      train_dir, mnist_sample, dataset='mnist', num_gpus=1, batch_size=50, max_steps=20,
+      summary_steps=0, seed=1))
+  path, step = export_model.export(train_dir, export_dir, 'mnist')
+  assert (path, step) == (os.path.join(train_dir, 'model.ckpt-20'), 20)
+  return types.SimpleNamespace(train_dir=train_dir, export_dir=export_dir, checkpoint=path)
 
 
 # ---- A test process's end ---------------------------------------------------------------

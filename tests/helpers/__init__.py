@@ -22,12 +22,12 @@ from helpers.lines import (DONE_LINE, LOSS_LINE, PRECISION_LINE, RESUMING_LINE, 
                            WORKER_LOSS_LINE, assert_each_refused_in_one_line,
                            assert_each_training_evaluated_into_its_own_eval_dir, by_task,
                            examples_per_sec, listed_flags, matches, sample_commands, steps)
-from helpers.files import (Sample, checkpoint, copy_checkpoint, event_files, global_step,
-                           modes, scalar_steps_per_file, scalars, scalars_per_file,
-                           summary_tags, tree, umask, write_sample)
+from helpers.files import (Sample, checkpoint, cifar10_test_records, copy_checkpoint,
+                           event_files, global_step, modes, scalar_steps_per_file, scalars,
+                           scalars_per_file, summary_tags, tree, umask, write_sample)
 from helpers.clusters import (QUICK_FLAGS, STEADY_FLAGS, fake_nvidia_smi, job_commands,
                               local_cluster_task, run_job, run_local_cluster, tf_config)
 from helpers.hostile import (HOSTILE_FILES, drip, make_hostile, returns_within, serve,
                              serve_stream, unblock_fifo)
-from helpers.in_process import (bfloat16_units, input_main, one_train_step, trainer_flags,
-                                trainer_settings)
+from helpers.in_process import (bfloat16_units, input_main, one_train_step,
+                                synthetic_settings, trainer_flags, trainer_settings)

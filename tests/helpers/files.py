@@ -93,6 +93,15 @@ def write_sample(path, records_per_file):
   return Sample(str(path), cifar10_input.write_sample(str(path), records_per_file))
 
 
+def cifar10_test_records(data_dir):
+  """(uint8 [n, 32, 32, 3] RGB images, int labels [n]) of test_batch.bin, read by hand."""
+  import numpy as np
+  import cifar10_input
+  raw = np.fromfile(os.path.join(cifar10_input.batches_dir(data_dir), 'test_batch.bin'),
+                    np.uint8).reshape(-1, cifar10_input.RECORD_BYTES)
+  return raw[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), raw[:, 0].astype(np.int64)
+
+
 # ---- Files and their modes ---------------------------------------------------------------
 
 def tree(root):

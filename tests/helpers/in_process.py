@@ -16,6 +16,12 @@ def trainer_settings(train_dir, data_dir, **given):
   return Settings(str(train_dir), data_dir, **dict(knobs, **given))
 
 
+def synthetic_settings(train_dir, **changes):
+  """Settings of a short run on synthetic batches of 8, no summaries, a line every 10 steps."""
+  return trainer_settings(str(train_dir), '', **dict(dict(
+      synthetic=True, batch_size=8, summary_steps=0, log_frequency=10), **changes))
+
+
 def input_main(module, *flags_given):
   """An input program's main (cifar10_input, mnist_input) in this process, as absl calls it:
   its flags parsed from flags_given onto a FlagValues of their own (absl refuses an
