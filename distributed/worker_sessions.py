@@ -48,13 +48,7 @@ def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
   deadline = time.time() + timeout_secs
   missing = list(ps_hosts)
   while True:
-    for host in list(missing):
-      name, _, port = host.rpartition(':')
-      try:
-        socket.create_connection((name.strip('[]'), int(port)), timeout=1).close()
-        missing.remove(host)
-      except OSError:
-        pass
+    missing = [host for host in missing if not port_answers(host)]
     if not missing:
       return
     if should_stop is not None and should_stop():
@@ -67,6 +61,16 @@ def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
           'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
           '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
     time.sleep(0.5)
+
+
+def port_answers(host):
+  """Whether 'host:port' accepts a TCP connection within 1 s."""
+  name, _, port = host.rpartition(':')
+  try:
+    socket.create_connection((name.strip('[]'), int(port)), timeout=1).close()
+    return True
+  except OSError:
+    return False
 
 
 def open_session(run, graph, settings, startup_timeout_secs, stop):
@@ -272,15 +276,16 @@ def _step_ends(progress, secs):
   return not progress.stepping.is_set()
 
 
-def release_op_runner(target, config, op):
-  """A function that runs op once in a session of its own, for at most 5 s; ps tasks
-  that are gone make it a no-op."""
+def op_runner(target, config, fetches):
+  """A function that runs fetches once in a session of its own, for at most 5 s, and
+  returns what they fetched; None where the ps tasks are gone."""
   def run():
+    graph = tf.nest.flatten(fetches)[0].graph
     try:
-      with tf.compat.v1.Session(target, graph=op.graph, config=config) as sess:
-        sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
+      with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
+        return sess.run(fetches, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
     except tf.errors.OpError:
-      pass
+      return None
   return run
 
 

@@ -51,7 +51,22 @@ def claim_then_apply(opt, grads, global_step, max_steps):
 
 
 class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
-  """SyncReplicasOptimizer, its local step kept on this worker, its end quiet.
+  """SyncReplicasOptimizer, its local step kept on this worker, its end quiet, and
+  without backup workers a token queue for each worker.
+
+  The tokens: TensorFlow's optimizer hands out the tokens of an update through one
+  queue that every worker takes from, so that with backup workers a fast worker takes
+  a slow one's place. Without backups that lets an update hold two gradients of one
+  worker and none of another: a worker killed after it had pushed its gradient,
+  before it took its token, left that token in the queue, and the chief took it and
+  trained on alone, two of its own gradients to an update. With replicas_to_aggregate
+  equal to the workers, each worker takes its tokens from a queue of its own
+  (sync_token_q_worker_<i>, on the ps), and each update puts one token in each: a
+  worker sends one gradient per update, so an update holds one from each, and a
+  worker that has gone away, whatever it was doing, holds up the next update until
+  the others' steps time out (--step_timeout_secs). Each worker also writes the local
+  step its gradient was computed at in `gradients_at` (int64 [workers], on the ps),
+  which names the workers an update still waits for (missing_workers).
 
   Placement: SyncReplicasOptimizer puts its token queue and gradient accumulators
   beside global_step (on the ps) with tf.device() scopes of its own, and leaves
@@ -80,11 +95,14 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   finite.
   """
 
-  def __init__(self, opt, replicas_to_aggregate, total_num_replicas, worker_device,
+  def __init__(self, opt, replicas_to_aggregate, total_num_replicas, task_index,
                model, loss_scale=None):
     super().__init__(opt, replicas_to_aggregate=replicas_to_aggregate,
                      total_num_replicas=total_num_replicas)
-    self._worker_device = worker_device
+    self._task_index = task_index
+    self._worker_device = '/job:worker/task:%d' % task_index
+    self.queue_per_worker = replicas_to_aggregate == total_num_replicas
+    self.gradients_at = None  # made with the update, where there is a queue per worker
     self.skip_overflow = None
     # What the base's apply_gradients applies the aggregate with, on the queue runner.
     if loss_scale:
@@ -98,7 +116,92 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     # of their own (the local step) stay on this worker.
     with tf.compat.v1.device(None), tf.compat.v1.device(self._worker_device), \
         worker_sessions.quiet_deprecations():  # of the QueueRunner it makes
-      return super().apply_gradients(grads_and_vars, global_step, name)
+      if not self.queue_per_worker:
+        return super().apply_gradients(grads_and_vars, global_step, name)
+      return self._apply_with_queue_per_worker(list(grads_and_vars), global_step)
+
+  def _apply_with_queue_per_worker(self, grads_and_vars, global_step):
+    """The base's apply_gradients, its tokens in a queue per worker: this worker's step
+    pushes its gradient into each variable's accumulator, notes the local step it was
+    computed at, and waits for a token in its own queue; the chief's queue runner takes
+    the mean of replicas_to_aggregate gradients of each, applies it, and puts the new
+    global step in every worker's queue. Returns this worker's step op."""
+    self._global_step = global_step
+    self._local_step = tf.compat.v1.Variable(
+        0, trainable=False, dtype=global_step.dtype.base_dtype, name='sync_rep_local_step',
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])  # on this worker
+    self.local_step_init_op = self._local_step.assign(global_step)
+    self.ready_for_local_init_op = tf.compat.v1.report_uninitialized_variables(
+        tf.compat.v1.global_variables())
+    self.ready_for_local_init_op.mark_used()  # by the base's hook, once a session opens
+    pushes, aggregated = self._accumulate(grads_and_vars)
+    with tf.compat.v1.device(global_step.device):
+      update = self._opt.apply_gradients(aggregated, global_step)
+      self._token_queues = [
+          tf.queue.FIFOQueue(-1, global_step.dtype.base_dtype, shapes=(),
+                             name='sync_token_q_worker_%d' % i,
+                             shared_name='sync_token_q_worker_%d' % i)
+          for i in range(self._total_num_replicas)]
+      self._sync_token_queue = self._token_queues[self._task_index]
+      # -1: no gradient yet. In no collection: the chief's start sets it, as the
+      # accumulators' steps, and a checkpoint neither holds nor needs it.
+      self.gradients_at = tf.compat.v1.Variable(
+          tf.fill([self._total_num_replicas], tf.constant(-1, global_step.dtype.base_dtype)),
+          trainable=False, collections=[], name='sync_gradients_at')
+      with tf.control_dependencies(pushes):
+        noted = tf.compat.v1.scatter_update(self.gradients_at, [self._task_index],
+                                            [self._local_step.read_value()])
+      with tf.control_dependencies([noted]):
+        train_op = self._local_step.assign(self._sync_token_queue.dequeue())
+      with tf.control_dependencies([update]):
+        hand_out = self.tokens_for_every_worker()
+    self._chief_queue_runner = tf.compat.v1.train.QueueRunner(self._sync_token_queue,
+                                                              [hand_out])
+    chief_init = [self.local_step_init_op, self.gradients_at.initializer]
+    for accumulator, device in self._accumulator_list:
+      with tf.compat.v1.device(device):
+        chief_init.append(accumulator.set_global_step(global_step))
+    self.chief_init_op = tf.group(*chief_init)
+    self._gradients_applied = True
+    return train_op
+
+  def _accumulate(self, grads_and_vars):
+    """Beside each variable, the accumulator of its workers' gradients (the base's, by
+    the same shared name): (this worker's pushes, [(the mean of replicas_to_aggregate
+    gradients, variable)] that the chief's queue runner takes)."""
+    pushes, aggregated = [], []
+    for grad, var in grads_and_vars:
+      with tf.compat.v1.device(var.device):
+        accumulator = tf.compat.v1.ConditionalAccumulator(
+            grad.dtype, shape=var.get_shape(), shared_name=var.name + '/grad_accum')
+        pushes.append(accumulator.apply_grad(grad, local_step=self._local_step))
+        aggregated.append((accumulator.take_grad(self._replicas_to_aggregate), var))
+        self._accumulator_list.append((accumulator, var.device))
+    return pushes, aggregated
+
+  def tokens_for_every_worker(self):
+    """An op handing each worker a token of the global step: at the chief's start, and
+    at the end (one each, so that none waits on)."""
+    if not self.queue_per_worker:
+      return self.get_init_tokens_op(self._total_num_replicas)
+    with tf.compat.v1.device(self._global_step.device):
+      step = self._global_step.read_value()
+      return tf.group(*[queue.enqueue(step) for queue in self._token_queues],
+                      name='sync_tokens_for_every_worker')
+
+  def token_for_this_worker(self):
+    """An op handing this worker a token of the global step (a stopping worker's own)."""
+    if not self.queue_per_worker:
+      return self.get_init_tokens_op(1)
+    with tf.compat.v1.device(self._global_step.device):
+      return self._sync_token_queue.enqueue(self._global_step.read_value())
+
+  def get_init_tokens_op(self, num_tokens=-1):
+    """The chief's start (the base's session hook): with a queue per worker, one token
+    in each."""
+    if self.queue_per_worker:
+      return self.tokens_for_every_worker()
+    return super().get_init_tokens_op(num_tokens)
 
   def get_chief_queue_runner(self):
     runner = super().get_chief_queue_runner()
@@ -274,6 +377,7 @@ class SyncUpdates:
     # Each update sees this many worker batches: the learning-rate schedule counts them all.
     self.gradients_per_update = replicas_to_aggregate or run.num_workers
     self._release_workers = self._release_step = None  # the tokens' ops, made by build()
+    self._gradients_at = None  # (global step, each worker's gradient's step), made by build()
 
   def build(self, opt, grads, global_step, model, max_steps, fp16=None):
     """Pushes this worker's gradient, then waits for a token; an Update.
@@ -285,17 +389,18 @@ class SyncUpdates:
     """
     run = self._run
     with worker_sessions.quiet_deprecations():
-      sync = SyncReplicas(opt, self.gradients_per_update, run.num_workers,
-                          '/job:worker/task:%d' % run.task_index, model,
-                          fp16 and fp16.loss_scale)
+      sync = SyncReplicas(opt, self.gradients_per_update, run.num_workers, run.task_index,
+                          model, fp16 and fp16.loss_scale)
       train_op = sync.apply_gradients(grads, global_step=global_step)
       hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
                sync.make_session_run_hook(run.is_chief)]
       # At the end the chief hands out one token per worker: a worker waiting for an
       # update that will never come gets it, sees the last step and stops.
       if run.is_chief:
-        self._release_workers = sync.get_init_tokens_op(run.num_workers)
-      self._release_step = sync.get_init_tokens_op(1)
+        self._release_workers = sync.tokens_for_every_worker()
+      self._release_step = sync.token_for_this_worker()
+      if sync.queue_per_worker:  # what a step that timed out reads, to name who is missing
+        self._gradients_at = (global_step.read_value(), sync.gradients_at.read_value())
     skip_check = []
     if fp16 and run.is_chief:
       skips = sync.skip_overflow.skips
@@ -340,8 +445,8 @@ class SyncUpdates:
 
   def release_stopping_step(self):
     """A function handing this worker's own step a token (worker_sessions.watch_stopping_step)."""
-    return worker_sessions.release_op_runner(self._run.server.target, self._run.config,
-                                             self._release_step)
+    return worker_sessions.op_runner(self._run.server.target, self._run.config,
+                                     self._release_step)
 
   def fp16_line(self):
     return _fp16_line('the chief')  # its queue runner checks each averaged update
@@ -364,11 +469,29 @@ class SyncUpdates:
 
   def slow_step_message(self, step_timeout_secs):
     n = self.gradients_per_update
-    return ('%s: no averaged update within --step_timeout_secs=%d. Each update waits for '
+    return ('%s: no averaged update within --step_timeout_secs=%d%s. Each update waits for '
             '%d gradients computed from the current variables, and for the chief (worker '
             '0 at %s) to apply them: check that the chief and at least %d workers are '
-            'running, or raise --step_timeout_secs.' % (self._run.who, step_timeout_secs,
-                                                        n, self._run.chief_host, n))
+            'running, or raise --step_timeout_secs.' % (
+                self._run.who, step_timeout_secs, self._missing_workers(), n,
+                self._run.chief_host, n))
+
+  def _missing_workers(self):
+    """', waiting for worker 1 (host:port) to send its gradient for update N', read
+    from the ps; '' with backup workers, or when the ps does not answer within 5 s."""
+    if self._gradients_at is None:
+      return ''
+    run = self._run
+    found = worker_sessions.op_runner(run.server.target, run.config, self._gradients_at)()
+    if found is None:
+      return ''
+    step, gradients_at = found
+    missing = [i for i, at in enumerate(gradients_at) if at < step]
+    if not missing:
+      return ''
+    return ', waiting for %s to send %s gradient for update %d' % (
+        ', '.join('worker %d (%s)' % (i, run.cluster.task_address('worker', i)) for i in missing),
+        'its' if len(missing) == 1 else 'their', step + 1)
 
 
 def _fp16_line(halved_by):

@@ -285,13 +285,14 @@ def test_sync_chief_stopped_by_signal_restarted_with_ps_up_all_reach_max_steps(
   assert helpers.global_step(tmp_path) == PREEMPT_STEPS
 
 
-def close_token_queue(ps_host):
-  """Closes the sync token queue on the ps task, as TensorFlow's queue runner does as a
-  chief's session closes: SyncReplicasOptimizer's queue, found by its shared name."""
+def close_token_queue(ps_host, task_index):
+  """Closes a worker's sync token queue on the ps task, as TensorFlow's queue runner does
+  as a chief's session closes: worker_updates.SyncReplicas's queue, found by its shared
+  name."""
+  name = 'sync_token_q_worker_%d' % task_index
   with tf.Graph().as_default() as graph:
     with tf.device('/job:ps/task:0'):
-      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
-                                 shared_name='sync_token_q')
+      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name=name, shared_name=name)
       close = queue.close(cancel_pending_enqueues=True)
   # Only the ps task: a session that also saw the workers would wait for the chief.
   config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
@@ -307,7 +308,7 @@ def test_sync_worker_whose_token_queue_closes_exits_138_without_reporting_finish
   assert chief.finish() == 143, chief.log()
   worker = start('worker', 1)
   worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
-  close_token_queue(ps_host)
+  close_token_queue(ps_host, 1)
   assert worker.finish() == 138, worker.log()  # "restart me", not 0: training is not over
   assert [line for line in worker.err_lines if line.startswith('error')] == [
       'error: worker 1: training ended at global step 0, below --max_steps=%d, and no '
@@ -457,6 +458,9 @@ def test_every_task_started_after_the_job_ended_says_so_and_exits_0(tasks, tmp_p
     assert ('%s %d: the job is over: %s/model.ckpt-2 is at step 2, not below '
             '--max_steps=2: nothing to do.' % (job_name, task_index, tmp_path)
             in task.text), task.log()
+    # No ps task is up to be told that the worker has finished: it does not wait to
+    # tell one (it waited 5 s, silently, before).
+    assert 'telling the ps tasks' not in task.text, task.log()
   assert sorted(os.listdir(tmp_path)) == before  # no record, no checkpoint, no lock
 
 
@@ -527,26 +531,73 @@ def test_data_file_cut_mid_run_chief_saves_then_each_worker_stops_in_one_line(ta
   assert helpers.global_step(train_dir) == step > 5, chief.log()
 
 
+def sync_ps_state(ps_host, num_workers):
+  """(global step, each worker's gradients_at) read from the ps task: the local step each
+  worker's latest gradient was computed at (worker_updates.SyncReplicas), found by name."""
+  with tf.Graph().as_default() as graph:
+    with tf.device('/job:ps/task:0'):
+      global_step = tf.compat.v1.Variable(0, dtype=tf.int64, name='global_step')
+      gradients_at = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int64),
+                                           name='sync_gradients_at')
+  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
+  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
+    return sess.run([global_step.read_value(), gradients_at.read_value()],
+                    options=tf.compat.v1.RunOptions(timeout_in_ms=10 * 1000))
+
+
+def worker_1_waiting_for_its_token(job, ps_host):
+  """Pauses the chief (its queue runner too: no update can come), then waits until worker
+  1 has sent its gradient for the next update: its step waits for a token, holding none."""
+  job['worker0'].send(signal.SIGSTOP)
+  helpers.wait_until(lambda: (lambda step, at: at[1] == step)(*sync_ps_state(ps_host, 2)),
+                     'worker 1 waiting for its token', job['worker1'])
+
+
 @pytest.mark.slow
-def test_sync_worker_killed_mid_run_chief_exits_138_within_its_step_timeout_ps_with_it(
-    tasks, tmp_path):
-  """A sync job whose other worker is SIGKILL'd: no update can be averaged, and the
-  chief's step ends at --step_timeout_secs (the watchdog, 30 s after it, is the
-  backstop); the ps task ends with the chief's 138. The chief took 220 s, once."""
+@pytest.mark.parametrize('moment', ['holding_a_token', 'not_holding_a_token'])
+def test_sync_worker_killed_at_either_moment_chief_exits_138_naming_it_no_update_without_it(
+    tasks, tmp_path, moment):
+  """A sync job whose other worker is SIGKILL'd, at one of the two moments of its step:
+  holding a token (the update it waited for came while it was paused: its token was
+  taken for it), or not (killed while it waited). Before, at the second, the token it
+  never took stayed in the one shared queue and the chief took it: it trained on alone,
+  two of its gradients to an update, for as long as one ran. Now no update comes without
+  worker 1's gradient, and the chief's step ends at --step_timeout_secs (the watchdog,
+  30 s after it, is the backstop), naming worker 1; the ps task ends with the chief's 138."""
   step_timeout_secs = 5
-  job = {name: tasks(argv) for name, argv in helpers.job_commands(1, 2, QUICK_FLAGS + [
+  commands = helpers.job_commands(1, 2, QUICK_FLAGS + [
       '--train_dir=%s' % tmp_path, '--sync_replicas', '--max_steps=100000',
-      '--summary_steps=0', '--step_timeout_secs=%d' % step_timeout_secs] +
-      STEADY_FLAGS).items()}
+      '--summary_steps=0', '--step_timeout_secs=%d' % step_timeout_secs] + STEADY_FLAGS)
+  ps_host = re.search(r'--ps_hosts=(\S+)', ' '.join(commands['ps0'])).group(1)
+  worker_1_host = re.search(r'--worker_hosts=\S+,(\S+)', ' '.join(commands['ps0'])).group(1)
+  job = {name: tasks(argv) for name, argv in commands.items()}
   for name in ('worker0', 'worker1'):
     job[name].wait_for(step_at_least(3), 'step 3')
-  job['worker1'].kill()
+  worker_1_waiting_for_its_token(job, ps_host)
+  at_pause = len(job['worker0'].lines)
+  if moment == 'holding_a_token':  # the update comes, its token taken while it is paused
+    job['worker1'].send(signal.SIGSTOP)
+    job['worker0'].send(signal.SIGCONT)
+    job['worker0'].wait_for(WORKER_LOSS_LINE, 'the update worker 1 sent its gradient to',
+                            start=at_pause)
+    job['worker1'].kill()
+  else:
+    job['worker1'].kill()
+    job['worker0'].send(signal.SIGCONT)
   killed_at = time.time()
   assert job['worker0'].finish() == 138, job['worker0'].log()
   # The step's own timeout, and time to say so; not the watchdog's slack on top.
   assert time.time() - killed_at < step_timeout_secs + 15, job['worker0'].log()
   assert job['ps0'].finish(timeout=30) == 138, job['ps0'].log()
+  # Each update held one gradient of each worker: the chief's loss lines name each
+  # update once, and it took at most one more step after worker 1's last.
+  shown = [int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker0'].lines)]
+  assert shown == list(range(shown[0], shown[0] + len(shown))), job['worker0'].log()
+  last_of_worker_1 = max(int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker1'].lines))
+  assert shown[-1] <= last_of_worker_1 + 1, job['worker0'].log()
   errors = [line for line in job['worker0'].err_lines if line.startswith('error')]
   assert len(errors) == 1 and errors[0].startswith(
-      'error: worker 0: no averaged update within --step_timeout_secs=5.'), job['worker0'].log()
+      'error: worker 0: no averaged update within --step_timeout_secs=5, waiting for worker 1 '
+      '(%s) to send its gradient for update %d.' % (worker_1_host, shown[-1] + 1)), \
+      job['worker0'].log()
   assert 'Traceback' not in job['worker0'].text

@@ -294,12 +294,14 @@ def test_sync_update_steps_the_averages_then_counts_then_hands_out_the_tokens():
     weights = tf.compat.v1.get_variable('weights', [2], initializer=tf.zeros_initializer())
     model = types.SimpleNamespace(MOVING_AVERAGE_DECAY=0.9)
     sync = worker_updates.SyncReplicas(tf.compat.v1.train.GradientDescentOptimizer(0.1),
-                                       2, 2, '/job:worker/task:0', model)
+                                       2, 2, 0, model)
     sync.apply_gradients([(tf.ones([2]), weights)], global_step=global_step)
-    [hand_out] = [op for op in graph.get_operations() if op.type == 'QueueEnqueueManyV2']
-    assert 'sync_token_q' in hand_out.inputs[0].name
-    # The queue runner's one op per update is that enqueue: nothing runs after it.
-    assert sync.get_chief_queue_runner().enqueue_ops == [hand_out]
+    # The queue runner's one op per update hands a token to each worker's queue:
+    # nothing runs after it.
+    [hand_out] = sync.get_chief_queue_runner().enqueue_ops
+    enqueues = [op for op in ancestors(hand_out) if op.type == 'QueueEnqueueV2']
+    assert sorted(op.inputs[0].op.name for op in enqueues) == [
+        'sync_token_q_worker_0', 'sync_token_q_worker_1']
     [count] = [op for op in ancestors(hand_out) if op.type.startswith('AssignAdd')
                and op.inputs[0].op == global_step.op]
     before_count = ancestors(count)
