@@ -4,7 +4,7 @@ check every task makes first, that the job is not already over.
 
 import tensorflow as tf
 
-from distributed import ps_shutdown, task_cluster
+from distributed import ps_shutdown, task_cluster, worker_sessions
 from training import checkpoints, errors, startup, storage
 
 FINISHED_REPORT_SECS = 5     # a worker started after the end tells the ps tasks, if up
@@ -52,7 +52,7 @@ def job_is_over(cluster, spec, settings):
 
   The job is over when --train_dir, as this task sees it, holds a checkpoint at
   --max_steps. A worker started then tells the ps tasks it has finished (should they
-  still wait for it), for at most FINISHED_REPORT_SECS.
+  still wait for it), for at most FINISHED_REPORT_SECS, where one of them is up.
   """
   try:
     latest = (checkpoints.read_state_file(settings.train_dir) or [None])[0]
@@ -67,7 +67,13 @@ def job_is_over(cluster, spec, settings):
   print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
                                         startup.nothing_to_do(path, step, settings.max_steps)),
         flush=True)
-  if cluster.job_name == 'worker':
+  ps_hosts = spec.job_tasks('ps')
+  if cluster.job_name == 'worker' and any(map(worker_sessions.port_answers, ps_hosts)):
+    # A ps task of the run that ended the job may still wait for this worker. Said: it
+    # was a silent wait of up to FINISHED_REPORT_SECS, where no ps task is up to tell.
+    print('%s %d: telling the ps tasks at %s that it has finished, for at most %d s'
+          % (cluster.job_name, cluster.task_index, ','.join(ps_hosts),
+             FINISHED_REPORT_SECS), flush=True)
     try:
       server = tf.compat.v1.train.Server(spec, job_name='worker',
                                          task_index=cluster.task_index)
