@@ -7,7 +7,8 @@ The binary CIFAR-10 files hold fixed-length records of 1 label byte followed by
     distorted_inputs(data_dir, batch_size)       training batches, augmented
     inputs(eval_data, data_dir, batch_size)      evaluation batches, one pass
     eval_images(images)                          uint8 images -> what the network reads
-    python cifar10_input.py --write_sample=DIR   a small learnable set in the same layout
+    python cifar10_input.py --write_sample=DIR   a small learnable set in the same layout,
+                                                 and PNG images of it to classify
 
 Every path and size arrives as an argument; only the program (main) reads flags. Problems
 with the files raise DataError with a message naming the file and the fix.
@@ -22,22 +23,26 @@ if __name__ == '__main__':  # --write_sample=DIR: first Python 3.11+, then Tenso
   prelude.import_tensorflow()
 
 import collections
+import gzip
 import hashlib
 import io
 import posixpath
 import re
 import shutil
+import struct
 import sys
 import tarfile
 import tempfile
 import time
 import urllib.parse
+import zlib
 
 from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from cifar10.model import CLASS_NAMES
 from training import errors, input_data, machine, storage
 
 # ---- The data set, as published ---------------------------------------------
@@ -64,6 +69,7 @@ CROP_SIZE = 24                        # pixels; the model's IMAGE_SIZE
 # ---- Input pipeline knobs -------------------------------------------------------
 SHUFFLE_BUFFER = 20000                # records (61 MB raw): 40% of an epoch, as the tutorial
 SAMPLE_RECORDS_PER_FILE = 1000        # --write_sample: 6 files of 3 MB, learnable in minutes
+SAMPLE_IMAGES_DIR = 'images'          # --write_sample: DIR/images/cat.png, ..., to classify
 EXTRACT_PREFIX = '.extract-'          # + PID: a temporary directory being extracted into
 
 
@@ -677,7 +683,10 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
 
   data_dir/cifar-10-binary.tar.gz holds data_batch_1..5.bin and test_batch.bin of
   records_per_file records each; they are also extracted into
-  data_dir/cifar-10-batches-bin/, as maybe_download_and_extract() would.
+  data_dir/cifar-10-batches-bin/, as maybe_download_and_extract() would. The same
+  seed writes the same bytes, so the archive has the same md5 in every directory.
+  data_dir/images/<class>.png (cat.png, ...) shows the first rightly labelled test
+  record of each class, for classify.py.
 
   Returns:
     str, the archive's md5: train with --data_md5=<it> (a copy of your own).
@@ -686,33 +695,73 @@ def write_sample(data_dir, records_per_file=SAMPLE_RECORDS_PER_FILE, seed=0,
     DataError: data_dir already holds a data set (nothing is overwritten).
   """
   archive = os.path.join(data_dir, 'cifar-10-binary.tar.gz')
-  for path in (archive, batches_dir(data_dir)):
+  images_dir = os.path.join(data_dir, SAMPLE_IMAGES_DIR)
+  for path in (archive, batches_dir(data_dir), images_dir):
     if storage.exists(path):
       raise DataError('%s already exists; nothing was written. Choose another directory '
                       'for the sample, or remove it.' % path)
   rng = np.random.default_rng(seed)
   members = []
   for name in TRAIN_FILES + TEST_FILES:
-    records = make_records(rng.integers(0, NUM_CLASSES, records_per_file), rng, learnable)
-    members.append((posixpath.join(BATCHES_DIR, name),
-                    (_mislabel(records, rng) if learnable else records).tobytes()))
-  packed = io.BytesIO()
-  with tarfile.open(fileobj=packed, mode='w:gz') as tar:
-    for name, data in members:
-      info = tarfile.TarInfo(name)
-      info.size = len(data)
-      tar.addfile(info, io.BytesIO(data))
+    labels = rng.integers(0, NUM_CLASSES, records_per_file)
+    records = make_records(labels, rng, learnable)
+    if learnable:
+      records = _mislabel(records, rng)
+    members.append((posixpath.join(BATCHES_DIR, name), records.tobytes()))
+  images = _class_images(records, labels)  # of test_batch.bin, the last file
+  packed = _tar_gz(members)
   storage.makedirs(batches_dir(data_dir))  # a local path or a URL (gs://)
-  storage.write(archive, packed.getvalue())
+  storage.write(archive, packed)
   for name, data in members:
     storage.write(os.path.join(data_dir, name), data)
-  return hashlib.md5(packed.getvalue()).hexdigest()
+  storage.makedirs(images_dir)
+  for name, png in images.items():
+    storage.write(os.path.join(images_dir, name + '.png'), png)
+  return hashlib.md5(packed).hexdigest()
+
+
+def _tar_gz(members):
+  """bytes: a .tar.gz of members [(name, bytes)] that is the same for the same members:
+  no time, owner or file name in it, the members in order of name."""
+  packed = io.BytesIO()
+  with gzip.GzipFile(filename='', mode='wb', fileobj=packed, mtime=0) as gz:
+    with tarfile.open(fileobj=gz, mode='w') as tar:
+      for name, data in sorted(members):
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o644
+        info.uid, info.gid, info.uname, info.gname = 0, 0, '', ''
+        tar.addfile(info, io.BytesIO(data))
+  return packed.getvalue()
+
+
+def _class_images(records, labels):
+  """{class name: PNG bytes} of the first record of each class whose label byte is its
+  pattern's label (records: uint8 [n, 3073]; labels: the patterns' labels [n])."""
+  images = {}
+  for record, label in zip(records, labels):
+    name = CLASS_NAMES[label]
+    if record[0] == label and name not in images:
+      pixels = record[LABEL_BYTES:].reshape(DEPTH, HEIGHT, WIDTH).transpose(1, 2, 0)
+      images[name] = _png(pixels)
+  return images
+
+
+def _png(pixels):
+  """bytes: an 8-bit RGB PNG of pixels, uint8 [height, width, 3], every row unfiltered."""
+  def chunk(kind, data):
+    crc = zlib.crc32(kind + data)
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', crc)
+  height, width, _ = pixels.shape
+  rows = b''.join(b'\0' + row.tobytes() for row in pixels)  # filter type 0 before each row
+  return (b'\x89PNG\r\n\x1a\n' +
+          chunk(b'IHDR', struct.pack('>IIBBBBB', width, height, 8, 2, 0, 0, 0)) +
+          chunk(b'IDAT', zlib.compress(rows, 9)) + chunk(b'IEND', b''))
 
 
 def define_flags(flag_values=flags.FLAGS):
   """--write_sample's flags; called when this file runs as a program."""
-  flags.DEFINE_string('write_sample', None, 'directory to write cifar-10-binary.tar.gz and '
-                      'cifar-10-batches-bin/ into', flag_values=flag_values)
+  flags.DEFINE_string('write_sample', None, 'directory to write cifar-10-binary.tar.gz, '
+                      'cifar-10-batches-bin/ and images/ into', flag_values=flag_values)
   flags.DEFINE_integer('records_per_file', SAMPLE_RECORDS_PER_FILE,
                        'records in each of the six files', flag_values=flag_values)
 
@@ -747,8 +796,12 @@ def main(argv, flag_values=flags.FLAGS):
         '  python dist_train.py --local_cluster=1,2 --batch_size=32 --max_steps=400 %s '
         '--train_dir=%s_dist_train\n'
         '  python cifar10_eval.py --run_once %s --checkpoint_dir=%s_dist_train '
-        '--eval_dir=%s_dist_eval'
-        % (data, data_dir, data, data_dir, data_dir, data, data_dir, data, data_dir, data_dir))
+        '--eval_dir=%s_dist_eval\n'
+        'Then export the first model and classify the sample\'s test images, one per class:\n'
+        '  python export_model.py --train_dir=%s_train --export_dir=%s_model\n'
+        '  python classify.py --model_dir=%s_model %s/*.png'
+        % (data, data_dir, data, data_dir, data_dir, data, data_dir, data, data_dir, data_dir,
+           data_dir, data_dir, data_dir, os.path.join(data_dir, SAMPLE_IMAGES_DIR)))
 
 
 

@@ -488,6 +488,7 @@ def test_own_copy_record_counts_are_printed(sample, capsys):
 def test_damaged_extracted_file_extracted_again_from_verified_archive(tmp_path, capsys,
                                                                      damage):
   md5 = cifar10_input.write_sample(str(tmp_path), records_per_file=8)
+  written = helpers.tree(tmp_path)
   path = _bin(tmp_path, 'data_batch_2.bin')
   original = open(path, 'rb').read()
   if damage == 'missing':
@@ -499,9 +500,7 @@ def test_damaged_extracted_file_extracted_again_from_verified_archive(tmp_path, 
   out = capsys.readouterr().out
   assert 'data_batch_2.bin' in out and 'Extracting it again from the verified archive' in out
   assert open(path, 'rb').read() == original
-  assert helpers.tree(tmp_path) == sorted(['cifar-10-binary.tar.gz'] + [
-      os.path.join(cifar10_input.BATCHES_DIR, f)
-      for f in cifar10_input.TRAIN_FILES + cifar10_input.TEST_FILES])
+  assert helpers.tree(tmp_path) == written  # nothing of the extraction left beside it
 
 
 def test_damaged_copy_holding_a_users_file_kept_whole_beside_the_new_one(tmp_path, capsys):
@@ -558,3 +557,42 @@ def test_write_sample_hint_each_training_evaluated_into_its_own_eval_dir(tmp_pat
                      '--records_per_file=2')
   helpers.assert_each_training_evaluated_into_its_own_eval_dir(capsys.readouterr().out,
                                                                'cifar10_eval.py')
+
+
+def test_write_sample_same_seed_two_directories_an_hour_apart_same_archive_md5(
+    tmp_path, monkeypatch):
+  first = cifar10_input.write_sample(str(tmp_path / 'a'), records_per_file=4)
+  later = time.time() + 3600
+  with monkeypatch.context() as m:
+    m.setattr(time, 'time', lambda: later)  # what gzip's header would take by default
+    second = cifar10_input.write_sample(str(tmp_path / 'elsewhere'), records_per_file=4)
+  assert second == first
+  data = (tmp_path / 'a' / 'cifar-10-binary.tar.gz').read_bytes()
+  assert hashlib.md5(data).hexdigest() == first
+  assert data[3] & 0x08 == 0 and data[4:8] == bytes(4)  # gzip: no file name, mtime 0
+  with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    found = [(m.name, m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in tar]
+  assert found == [(name, 0, 0, 0, '', '', 0o644) for name in sorted(f[0] for f in found)]
+  assert len(found) == 6
+
+
+def test_class_images_first_record_of_each_class_whose_label_is_its_patterns():
+  records = np.zeros((4, cifar10_input.RECORD_BYTES), np.uint8)
+  records[:, 0] = [3, 3, 5, 3]          # the label bytes; record 0 is mislabelled
+  records[:, 1:] = np.arange(4)[:, None] * 10
+  images = cifar10_input._class_images(records, [5, 3, 5, 3])  # the patterns' labels
+  assert sorted(images) == ['cat', 'dog']
+  decoded = {name: tf.io.decode_png(png).numpy() for name, png in images.items()}
+  assert {name: (pixels.shape, set(pixels.ravel())) for name, pixels in decoded.items()} == {
+      'cat': ((32, 32, 3), {10}), 'dog': ((32, 32, 3), {20})}
+
+
+def test_write_sample_images_are_test_records_by_class_in_hwc_layout(tmp_path):
+  cifar10_input.write_sample(str(tmp_path), records_per_file=100)
+  records = np.fromfile(_bin(tmp_path, 'test_batch.bin'), np.uint8).reshape(-1, 3073)
+  assert sorted(os.listdir(tmp_path / 'images')) == sorted(
+      n + '.png' for n in cifar10_input.CLASS_NAMES)  # all 10 among 100 records
+  for label, name in enumerate(cifar10_input.CLASS_NAMES):
+    pixels = tf.io.decode_png((tmp_path / 'images' / (name + '.png')).read_bytes()).numpy()
+    chw = pixels.transpose(2, 0, 1).ravel()
+    assert any(r[0] == label and (r[1:] == chw).all() for r in records), name

@@ -41,13 +41,18 @@ def _error_lines(err):
 
 def first_run(sample_dir, write, train_flags):
   """Writes a sample with `write` (argv), then runs the commands it prints, the trainer's
-  with train_flags added (the last --max_steps given wins). Returns {name: Run}."""
+  with train_flags added (the last --max_steps given wins), CIFAR-10's export and
+  classify after it, the file pattern expanded as a shell would. Returns {name: Run}."""
   runs = {'write': helpers.run(write + ['--write_sample=%s' % sample_dir])}
   _assert_ok(runs['write'])
-  train, evaluate, dist, _ = _printed_commands(runs['write'].out)  # _: the dist's eval
+  commands = _printed_commands(runs['write'].out)
+  train, evaluate, dist = commands[:3]  # then the dist's eval
   runs['train'] = helpers.run(train + train_flags)
   runs['eval'] = helpers.run(evaluate)
   runs['dist'] = helpers.run(dist + ['--only_check_args'])
+  for name, command in zip(('export', 'classify'), commands[4:]):
+    runs[name] = helpers.run([path for word in command
+                              for path in (sorted(glob.glob(word)) if '*' in word else [word])])
   return runs
 
 
@@ -75,7 +80,7 @@ def test_write_sample_cli_writes_real_layout(cifar10_first_run):
 @pytest.mark.xdist_group('first_run_cifar10')
 def test_write_sample_cli_printed_commands_run(cifar10_first_run):
   _, runs = cifar10_first_run
-  train, evaluate, dist, _ = _printed_commands(runs['write'].out)  # _: the dist's eval
+  train, evaluate, dist = _printed_commands(runs['write'].out)[:3]
   assert train[0] == 'multi_gpu_train.py' and evaluate[0] == 'cifar10_eval.py'
   _assert_ok(runs['train'], 'step 1, loss = ', 'model.ckpt-2')
   _assert_ok(runs['eval'], 'precision @ 1 = ', '20 test records')
@@ -84,6 +89,22 @@ def test_write_sample_cli_printed_commands_run(cifar10_first_run):
   # samples' lines: it is absl's parser that is checked here, not the line).
   bogus = helpers.run(dist + ['--no_such_flag=1', '--only_check_args'])
   assert bogus.code == 1 and 'no_such_flag' in bogus.err, bogus.log()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group('first_run_cifar10')
+def test_write_sample_cli_printed_export_and_classify_run_on_its_class_images(
+    cifar10_first_run):
+  sample_dir, runs = cifar10_first_run
+  export, classify = _printed_commands(runs['write'].out)[4:]
+  assert export[0] == 'export_model.py' and classify[:2] == [
+      'classify.py', '--model_dir=%s' % export[-1].split('=', 1)[1]]
+  assert classify[2:] == [str(sample_dir / 'images' / '*.png')]
+  images = sorted(glob.glob(classify[2]))
+  assert images and {os.path.basename(p)[:-4] for p in images} <= set(cifar10_input.CLASS_NAMES)
+  _assert_ok(runs['export'])
+  _assert_ok(runs['classify'], *('%s: ' % path for path in images))
+  assert len(runs['classify'].out.splitlines()) == len(images), runs['classify'].log()
 
 
 @pytest.mark.slow
