@@ -20,10 +20,11 @@
 #              every request, and only this host holds the key.
 #   slurmd nI  127.0.0.1:$((CTLD_PORT + I)) (6818, 6819, ...): one per node, `slurmd -N nI`
 #   srun       127.0.0.1, ports for its tasks' I/O from SrunPortRange (60001-60999)
-#   the tasks  dist_train.py: 8888 + index on the node, every interface (TensorFlow's
-#              servers). MpiParams=ports (12000-12999): every step is handed
-#              ports, SLURM_STEP_RESV_PORTS (srun --resv-ports=0: none), which
-#              dist_train.py does not read yet.
+#   the tasks  dist_train.py: every interface (TensorFlow's servers), on the ports
+#              srun reserved for the step: MpiParams=ports (12000-12999) hands every
+#              step SLURM_STEP_RESV_PORTS (e.g. 12001-12005), which dist_train.py
+#              reads (distributed/cluster_slurm.py); with srun --resv-ports=0,
+#              none: 8888 + index on the node (--slurm_port_base).
 #
 # Environment:
 #   LOCAL_SLURM_DIR    state directory: config, logs, spools, pid files (/tmp/local-slurm)
@@ -40,8 +41,8 @@
 # script's name, and stop removes it.
 #
 # One host, several nodes: Slurm is happy, but two tasks on different nodes that
-# pick the same port (dist_train.py: 8888 + index on the node; srun --resv-ports:
-# each node reserves from the same range) collide on 127.0.0.1. Train on one node:
+# pick the same port (srun's reserved ports: each node reserves from the same range;
+# without them, 8888 + index on the node) collide on 127.0.0.1. Train on one node:
 #   sbatch --nodes=1 --ntasks-per-node=4 ... deploy/slurm/train.sbatch ...
 set -euo pipefail
 
