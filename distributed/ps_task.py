@@ -67,12 +67,12 @@ def job_is_over(cluster, spec, settings):
   print('%s %d: the job is over: %s' % (cluster.job_name, cluster.task_index,
                                         startup.nothing_to_do(path, step, settings.max_steps)),
         flush=True)
-  ps_hosts = spec.job_tasks('ps')
-  if cluster.job_name == 'worker' and any(map(worker_sessions.port_answers, ps_hosts)):
-    # A ps task of the run that ended the job may still wait for this worker. Said: it
-    # was a silent wait of up to FINISHED_REPORT_SECS, where no ps task is up to tell.
+  # A ps task of the run that ended the job may still wait for this worker. Said: it
+  # was a silent wait of up to FINISHED_REPORT_SECS, where no ps task is up to tell.
+  if cluster.job_name == 'worker' and any(map(worker_sessions.port_answers,
+                                              spec.job_tasks('ps'))):
     print('%s %d: telling the ps tasks at %s that it has finished, for at most %d s'
-          % (cluster.job_name, cluster.task_index, ','.join(ps_hosts),
+          % (cluster.job_name, cluster.task_index, ','.join(spec.job_tasks('ps')),
              FINISHED_REPORT_SECS), flush=True)
     try:
       server = tf.compat.v1.train.Server(spec, job_name='worker',

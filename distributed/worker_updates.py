@@ -130,7 +130,6 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     self._local_step = tf.compat.v1.Variable(
         0, trainable=False, dtype=global_step.dtype.base_dtype, name='sync_rep_local_step',
         collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])  # on this worker
-    self.local_step_init_op = self._local_step.assign(global_step)
     self.ready_for_local_init_op = tf.compat.v1.report_uninitialized_variables(
         tf.compat.v1.global_variables())
     self.ready_for_local_init_op.mark_used()  # by the base's hook, once a session opens
@@ -143,6 +142,9 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
                              shared_name='sync_token_q_worker_%d' % i)
           for i in range(self._total_num_replicas)]
       self._sync_token_queue = self._token_queues[self._task_index]
+      # A new session's first gradient is computed at the global step; tokens left
+      # in this worker's queue by an earlier run of it would let it send a second.
+      left = self._sync_token_queue.dequeue_up_to(self._sync_token_queue.size())
       # -1: no gradient yet. In no collection: the chief's start sets it, as the
       # accumulators' steps, and a checkpoint neither holds nor needs it.
       self.gradients_at = tf.compat.v1.Variable(
@@ -157,6 +159,7 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
         hand_out = self.tokens_for_every_worker()
     self._chief_queue_runner = tf.compat.v1.train.QueueRunner(self._sync_token_queue,
                                                               [hand_out])
+    self.local_step_init_op = tf.group(self._local_step.assign(global_step), left)
     chief_init = [self.local_step_init_op, self.gradients_at.initializer]
     for accumulator, device in self._accumulator_list:
       with tf.compat.v1.device(device):
@@ -180,8 +183,8 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
     return pushes, aggregated
 
   def tokens_for_every_worker(self):
-    """An op handing each worker a token of the global step: at the chief's start, and
-    at the end (one each, so that none waits on)."""
+    """An op handing each worker a token of the global step: after each update, and at
+    the end (one each, so that none waits on)."""
     if not self.queue_per_worker:
       return self.get_init_tokens_op(self._total_num_replicas)
     with tf.compat.v1.device(self._global_step.device):
@@ -197,10 +200,13 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
       return self._sync_token_queue.enqueue(self._global_step.read_value())
 
   def get_init_tokens_op(self, num_tokens=-1):
-    """The chief's start (the base's session hook): with a queue per worker, one token
-    in each."""
+    """The chief's start (the base's session hook). The base hands out
+    replicas_to_aggregate tokens, so that each worker's first step returns at once,
+    and its second gradient, computed at the same step, could go into the same update
+    as its first. With a queue per worker, none: each worker's first step waits, as
+    every other, for the update its gradient goes into."""
     if self.queue_per_worker:
-      return self.tokens_for_every_worker()
+      return tf.no_op(name='no_init_tokens')
     return super().get_init_tokens_op(num_tokens)
 
   def get_chief_queue_runner(self):

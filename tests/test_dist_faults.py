@@ -2,8 +2,8 @@
 
 Real ps and worker processes on 127.0.0.1, each bounded in time: workers, the chief
 and a ps task killed and restarted (sync with a backup worker, async); preemption, a
-task stopped by SIGTERM or Ctrl-C and restarted with the same command, and a sync
-worker whose token queue closes; the chief's checkpoints as multi_gpu_train.py's
+task stopped by SIGTERM or Ctrl-C and restarted with the same command (sync without
+backup workers: test_dist_sync_faults.py); the chief's checkpoints as multi_gpu_train.py's
 (rotation in a copied directory, no state file, a failed write, a job already over, a
 diverging run). Every process is killed when its test ends, pass or fail.
 """
@@ -11,29 +11,22 @@ import os
 import re
 import shutil
 import signal
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import helpers
-from helpers import (DONE_LINE, QUICK_FLAGS, RESUMING_LINE, SAVED_LINE, STEADY_FLAGS,
-                     WORKER_LOSS_LINE, matches, run_job)
+from helpers import (DONE_LINE, PREEMPT_STEPS, QUICK_FLAGS, RESUMING_LINE, SAVED_LINE,
+                     STEADY_FLAGS, WORKER_LOSS_LINE, assert_done_at_max_steps,
+                     chief_stopped_at_its_first_step, matches, preempt_cluster, run_job,
+                     step_at_least)
 from distributed import cluster_env, local_cluster, ps_task
 import multi_gpu_train
 from training import checkpoints
 
 
 # ---- Workers and the chief killed and restarted ------------------------------------
-
-def step_at_least(step):
-  """A wait_for condition: a loss line at global step `step` or later."""
-  def condition(line):
-    found = WORKER_LOSS_LINE.match(line)
-    return found and int(found.group(1)) >= step and int(found.group(1))
-  return condition
-
 
 def count_steps(task, at_least, start=0):
   """A wait_for condition: the task has logged `at_least` loss lines since lines[start]."""
@@ -221,103 +214,6 @@ def test_ps_killed_and_restarted_both_workers_say_so_in_their_own_line_only_and_
 # docs/distributed.md's table "Preemption: a signal to any task, then a restart": its
 # cells that failed before (sync: the chief's queue runner closed the token queue on
 # the ps as it stopped), and the async chief beside them.
-
-PREEMPT_STEPS = 60
-
-
-def preempt_cluster(start, train_dir, *flags):
-  """(start(job_name, task_index) -> Task, the ps host) of one cluster, 1 ps + 2 workers.
-
-  Their waits are far above the test's: a worker waits for a stopped chief to come
-  back (sync: for its token) up to --step_timeout_secs.
-  """
-  ps_port, *worker_ports = local_cluster.free_ports(3)
-  ps_hosts, worker_hosts = ['127.0.0.1:%d' % ps_port], ['127.0.0.1:%d' % p for p in worker_ports]
-  task_flags = QUICK_FLAGS + STEADY_FLAGS + [
-      '--train_dir=%s' % train_dir, '--summary_steps=0', '--max_steps=%d' % PREEMPT_STEPS,
-      '--save_every_n_steps=10', '--startup_timeout_secs=600', '--step_timeout_secs=600',
-      *flags]
-  return (lambda job_name, task_index: start(local_cluster.task_command(
-      job_name, task_index, ps_hosts, worker_hosts, task_flags))), ps_hosts[0]
-
-
-def chief_stopped_at_its_first_step(start, signum):
-  """Starts the chief, signals it, then starts the ps: the chief stops before any step.
-
-  Held without a sleep: the signal goes once the chief's own handlers are in place,
-  and it cannot train before the ps task answers, which it starts only then. It
-  opens its session (its variables initialised, checkpoint 0 saved, the sync
-  chief's token queue filled), takes no step, and exits. Returns (chief, ps).
-  """
-  chief = start('worker', 0)
-  helpers.wait_until(lambda: helpers.signal_caught(chief.pid, signal.SIGTERM),
-                     'the chief\'s stop handlers', task=chief)
-  chief.send(signum)
-  return chief, start('ps', 0)
-
-
-def assert_done_at_max_steps(task):
-  [done] = matches(DONE_LINE, task.lines)
-  assert int(done.group(3)) == PREEMPT_STEPS, task.log()
-  assert 'Traceback' not in task.text, task.log()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('signum, code, name', [(signal.SIGTERM, 143, 'SIGTERM'),
-                                                (signal.SIGINT, 130, 'Ctrl-C')],
-                         ids=['SIGTERM', 'Ctrl-C'])
-def test_sync_chief_stopped_by_signal_restarted_with_ps_up_all_reach_max_steps(
-    tasks, tmp_path, signum, code, name):
-  start, _ = preempt_cluster(tasks, tmp_path, '--sync_replicas')
-  chief, ps = chief_stopped_at_its_first_step(start, signum)
-  assert chief.finish() == code, chief.log()
-  assert matches(helpers.STOPPED_LINE, chief.lines)[0].groups() == (name, '0'), chief.log()
-  # Worker 1 trains with what the chief left on the ps: its first tokens, then none.
-  worker = start('worker', 1)
-  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
-  chief = start('worker', 0)  # the same command, the ps still up
-  assert chief.finish() == 0, chief.log()
-  assert matches(RESUMING_LINE, chief.lines)[0].groups() == ('0', '0'), chief.log()
-  assert worker.finish() == 0, worker.log()  # once, at the end: it waited for the chief
-  assert ps.finish() == 0, ps.log()
-  for task in (chief, worker):
-    assert_done_at_max_steps(task)
-  assert helpers.global_step(tmp_path) == PREEMPT_STEPS
-
-
-def close_token_queue(ps_host, task_index):
-  """Closes a worker's sync token queue on the ps task, as TensorFlow's queue runner does
-  as a chief's session closes: worker_updates.SyncReplicas's queue, found by its shared
-  name."""
-  name = 'sync_token_q_worker_%d' % task_index
-  with tf.Graph().as_default() as graph:
-    with tf.device('/job:ps/task:0'):
-      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name=name, shared_name=name)
-      close = queue.close(cancel_pending_enqueues=True)
-  # Only the ps task: a session that also saw the workers would wait for the chief.
-  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
-  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
-    sess.run(close, options=tf.compat.v1.RunOptions(timeout_in_ms=60 * 1000))
-
-
-@pytest.mark.slow
-def test_sync_worker_whose_token_queue_closes_exits_138_without_reporting_finished(
-    tasks, tmp_path):
-  start, ps_host = preempt_cluster(tasks, tmp_path, '--sync_replicas')
-  chief, ps = chief_stopped_at_its_first_step(start, signal.SIGTERM)
-  assert chief.finish() == 143, chief.log()
-  worker = start('worker', 1)
-  worker.wait_for(WORKER_LOSS_LINE, 'a first step of worker 1')
-  close_token_queue(ps_host, 1)
-  assert worker.finish() == 138, worker.log()  # "restart me", not 0: training is not over
-  assert [line for line in worker.err_lines if line.startswith('error')] == [
-      'error: worker 1: training ended at global step 0, below --max_steps=%d, and no '
-      'signal stopped it: the token queue on the ps tasks was closed, so no averaged '
-      'update can come (restart the ps tasks too: a restarted ps opens a new one). '
-      'Restart this task with the same command; it rejoins.' % PREEMPT_STEPS], worker.log()
-  assert not matches(DONE_LINE, worker.lines), worker.log()
-  assert 'worker 1 has finished' not in ps.text, ps.log()
-
 
 @pytest.mark.slow
 def test_async_chief_stopped_worker_finishes_restarted_chief_resumes_all_exit_0(tasks,
@@ -529,75 +425,3 @@ def test_data_file_cut_mid_run_chief_saves_then_each_worker_stops_in_one_line(ta
                         % (re.escape(path), then), errors[0]), errors[0]
   step = int(re.search(r'Saved step (\d+)', chief.err).group(1))
   assert helpers.global_step(train_dir) == step > 5, chief.log()
-
-
-def sync_ps_state(ps_host, num_workers):
-  """(global step, each worker's gradients_at) read from the ps task: the local step each
-  worker's latest gradient was computed at (worker_updates.SyncReplicas), found by name."""
-  with tf.Graph().as_default() as graph:
-    with tf.device('/job:ps/task:0'):
-      global_step = tf.compat.v1.Variable(0, dtype=tf.int64, name='global_step')
-      gradients_at = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int64),
-                                           name='sync_gradients_at')
-  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
-  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
-    return sess.run([global_step.read_value(), gradients_at.read_value()],
-                    options=tf.compat.v1.RunOptions(timeout_in_ms=10 * 1000))
-
-
-def worker_1_waiting_for_its_token(job, ps_host):
-  """Pauses the chief (its queue runner too: no update can come), then waits until worker
-  1 has sent its gradient for the next update: its step waits for a token, holding none."""
-  job['worker0'].send(signal.SIGSTOP)
-  helpers.wait_until(lambda: (lambda step, at: at[1] == step)(*sync_ps_state(ps_host, 2)),
-                     'worker 1 waiting for its token', job['worker1'])
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('moment', ['holding_a_token', 'not_holding_a_token'])
-def test_sync_worker_killed_at_either_moment_chief_exits_138_naming_it_no_update_without_it(
-    tasks, tmp_path, moment):
-  """A sync job whose other worker is SIGKILL'd, at one of the two moments of its step:
-  holding a token (the update it waited for came while it was paused: its token was
-  taken for it), or not (killed while it waited). Before, at the second, the token it
-  never took stayed in the one shared queue and the chief took it: it trained on alone,
-  two of its gradients to an update, for as long as one ran. Now no update comes without
-  worker 1's gradient, and the chief's step ends at --step_timeout_secs (the watchdog,
-  30 s after it, is the backstop), naming worker 1; the ps task ends with the chief's 138."""
-  step_timeout_secs = 5
-  commands = helpers.job_commands(1, 2, QUICK_FLAGS + [
-      '--train_dir=%s' % tmp_path, '--sync_replicas', '--max_steps=100000',
-      '--summary_steps=0', '--step_timeout_secs=%d' % step_timeout_secs] + STEADY_FLAGS)
-  ps_host = re.search(r'--ps_hosts=(\S+)', ' '.join(commands['ps0'])).group(1)
-  worker_1_host = re.search(r'--worker_hosts=\S+,(\S+)', ' '.join(commands['ps0'])).group(1)
-  job = {name: tasks(argv) for name, argv in commands.items()}
-  for name in ('worker0', 'worker1'):
-    job[name].wait_for(step_at_least(3), 'step 3')
-  worker_1_waiting_for_its_token(job, ps_host)
-  at_pause = len(job['worker0'].lines)
-  if moment == 'holding_a_token':  # the update comes, its token taken while it is paused
-    job['worker1'].send(signal.SIGSTOP)
-    job['worker0'].send(signal.SIGCONT)
-    job['worker0'].wait_for(WORKER_LOSS_LINE, 'the update worker 1 sent its gradient to',
-                            start=at_pause)
-    job['worker1'].kill()
-  else:
-    job['worker1'].kill()
-    job['worker0'].send(signal.SIGCONT)
-  killed_at = time.time()
-  assert job['worker0'].finish() == 138, job['worker0'].log()
-  # The step's own timeout, and time to say so; not the watchdog's slack on top.
-  assert time.time() - killed_at < step_timeout_secs + 15, job['worker0'].log()
-  assert job['ps0'].finish(timeout=30) == 138, job['ps0'].log()
-  # Each update held one gradient of each worker: the chief's loss lines name each
-  # update once, and it took at most one more step after worker 1's last.
-  shown = [int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker0'].lines)]
-  assert shown == list(range(shown[0], shown[0] + len(shown))), job['worker0'].log()
-  last_of_worker_1 = max(int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker1'].lines))
-  assert shown[-1] <= last_of_worker_1 + 1, job['worker0'].log()
-  errors = [line for line in job['worker0'].err_lines if line.startswith('error')]
-  assert len(errors) == 1 and errors[0].startswith(
-      'error: worker 0: no averaged update within --step_timeout_secs=5, waiting for worker 1 '
-      '(%s) to send its gradient for update %d.' % (worker_1_host, shown[-1] + 1)), \
-      job['worker0'].log()
-  assert 'Traceback' not in job['worker0'].text

@@ -25,8 +25,11 @@ from helpers.lines import (DONE_LINE, LOSS_LINE, PRECISION_LINE, RESUMING_LINE, 
 from helpers.files import (Sample, checkpoint, cifar10_test_records, copy_checkpoint,
                            event_files, global_step, modes, scalar_steps_per_file, scalars,
                            scalars_per_file, summary_tags, tree, umask, write_sample)
-from helpers.clusters import (QUICK_FLAGS, STEADY_FLAGS, fake_nvidia_smi, job_commands,
-                              local_cluster_task, run_job, run_local_cluster, tf_config)
+from helpers.clusters import (PREEMPT_STEPS, QUICK_FLAGS, STEADY_FLAGS,
+                              assert_done_at_max_steps, chief_stopped_at_its_first_step,
+                              fake_nvidia_smi, job_commands, local_cluster_task,
+                              preempt_cluster, run_job, run_local_cluster, step_at_least,
+                              sync_ps_state, tf_config)
 from helpers.hostile import (HOSTILE_FILES, drip, make_hostile, returns_within, serve,
                              serve_stream, unblock_fifo)
 from helpers.in_process import (bfloat16_units, input_main, one_train_step,

@@ -2,9 +2,11 @@
 orchestrators and machines tell a task (TF_CONFIG, a fake nvidia-smi)."""
 import json
 import os
+import signal
 import stat
 
-from helpers.lines import by_task
+from helpers.lines import DONE_LINE, WORKER_LOSS_LINE, by_task, matches
+from helpers.processes import signal_caught, wait_until
 
 
 # ---- dist_train.py's tests: their flags, its --local_cluster launcher --------------------
@@ -71,3 +73,69 @@ def fake_nvidia_smi(bin_dir, num_gpus):
                                     for i in range(num_gpus)))
   os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
   return path
+
+
+# ---- A hand-started job stopped and restarted, and what its ps task holds ---------------
+
+def step_at_least(step):
+  """A wait_for condition: a loss line at global step `step` or later."""
+  def condition(line):
+    found = WORKER_LOSS_LINE.match(line)
+    return found and int(found.group(1)) >= step and int(found.group(1))
+  return condition
+
+
+PREEMPT_STEPS = 60
+
+
+def preempt_cluster(start, train_dir, *flags):
+  """(start(job_name, task_index) -> Task, the ps host) of one cluster, 1 ps + 2 workers.
+
+  Their waits are far above the test's: a worker waits for a stopped chief to come
+  back (sync: for its token) up to --step_timeout_secs.
+  """
+  from distributed import local_cluster  # imports TensorFlow: only when a test asks
+  ps_port, *worker_ports = local_cluster.free_ports(3)
+  ps_hosts, worker_hosts = ['127.0.0.1:%d' % ps_port], ['127.0.0.1:%d' % p for p in worker_ports]
+  task_flags = QUICK_FLAGS + STEADY_FLAGS + [
+      '--train_dir=%s' % train_dir, '--summary_steps=0', '--max_steps=%d' % PREEMPT_STEPS,
+      '--save_every_n_steps=10', '--startup_timeout_secs=600', '--step_timeout_secs=600',
+      *flags]
+  return (lambda job_name, task_index: start(local_cluster.task_command(
+      job_name, task_index, ps_hosts, worker_hosts, task_flags))), ps_hosts[0]
+
+
+def chief_stopped_at_its_first_step(start, signum):
+  """Starts the chief, signals it, then starts the ps: the chief stops before any step.
+
+  Held without a sleep: the signal goes once the chief's own handlers are in place,
+  and it cannot train before the ps task answers, which it starts only then. It
+  opens its session (its variables initialised, checkpoint 0 saved), takes no step,
+  and exits. Returns (chief, ps).
+  """
+  chief = start('worker', 0)
+  wait_until(lambda: signal_caught(chief.pid, signal.SIGTERM),
+                     'the chief\'s stop handlers', task=chief)
+  chief.send(signum)
+  return chief, start('ps', 0)
+
+
+def assert_done_at_max_steps(task):
+  [done] = matches(DONE_LINE, task.lines)
+  assert int(done.group(3)) == PREEMPT_STEPS, task.log()
+  assert 'Traceback' not in task.text, task.log()
+
+
+def sync_ps_state(ps_host, num_workers):
+  """(global step, each worker's gradients_at) read from the ps task: the local step each
+  worker's latest gradient was computed at (worker_updates.SyncReplicas), found by name."""
+  import tensorflow as tf  # only when a test asks
+  with tf.Graph().as_default() as graph:
+    with tf.device('/job:ps/task:0'):
+      global_step = tf.compat.v1.Variable(0, dtype=tf.int64, name='global_step')
+      gradients_at = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int64),
+                                           name='sync_gradients_at')
+  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
+  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
+    return sess.run([global_step.read_value(), gradients_at.read_value()],
+                    options=tf.compat.v1.RunOptions(timeout_in_ms=10 * 1000))
