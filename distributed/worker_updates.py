@@ -459,11 +459,16 @@ class SyncUpdates:
 
   def mode_line(self, batch_size, num_towers):
     run, n = self._run, self.gradients_per_update
+    backups = max(run.num_workers - n, 0)
+    if backups:
+      how = ('the first %d computed from its variables, so a worker that falls behind has '
+             'its place taken by a faster one' % n)
+    else:
+      how = ('one from each, so a worker that goes away stops the others at '
+             '--step_timeout_secs, naming it')
     return ('sync: each update averages %d gradients of %d images (%d x %d towers) from '
-            '%d workers, %d of them backup: the first %d computed from its variables, so a '
-            'worker that falls behind has its place taken by a faster one'
-            % (n, batch_size * num_towers, batch_size, num_towers, run.num_workers,
-               max(run.num_workers - n, 0), n))
+            '%d workers, %d of them backup: %s' % (n, batch_size * num_towers, batch_size,
+                                                   num_towers, run.num_workers, backups, how))
 
   def ended_early_message(self, step, max_steps):
     return _ended_early(self._run, step, max_steps,
