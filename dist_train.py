@@ -368,7 +368,7 @@ def run_step(sess, run, mode, graph, step_timeout_secs):
   """One worker step under the watchdog and the step timeout: (loss, outcome), or None
   on OutOfRangeError: async, the other workers have claimed the last updates; sync,
   the token queue on the ps was closed (train() says so)."""
-  secs = step_timeout_secs + worker_sessions.WATCHDOG_SLACK_SECS
+  secs = step_timeout_secs + worker_sessions.STEP_SLACK_SECS
   run.arm_watchdog(secs, mode.stuck_step_message(secs))
   options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   try:

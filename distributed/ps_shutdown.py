@@ -44,8 +44,11 @@ STOP_WAIT_SECS = 15        # a ps task asked to stop serves the chief's save thi
                            # its save), then exits: inside the 30 s Slurm (KillWait) and
                            # Kubernetes (terminationGracePeriodSeconds) give before SIGKILL,
                            # with room for the exit of a task on a loaded machine
-OTHERS_STOP_SECS = 15      # ... then the other workers' last steps and closes this long at
-                           # most (a worker closing on a ps task gone would hang there)
+OTHERS_STOP_SECS = 4       # ... then the other workers' last steps and closes this long at
+                           # most (a worker closing on a ps task gone would hang there; one
+                           # cut off from this task by the network never says it closed:
+                           # with 15, its job's ps tasks ended 15 s after the signal, the
+                           # chief at 8.5; the others close as the chief saves)
 
 WorkersSeen = collections.namedtuple('WorkersSeen', [
     'reported',  # sorted worker indexes that said they finished

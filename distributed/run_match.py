@@ -39,9 +39,12 @@ from training import errors, input_data, mixed_precision, run_record
 COMPARED_FLAGS = ('dataset', 'batch_size', 'max_steps', 'use_fp16', 'use_bf16', 'synthetic')
 GRAPH = 'training graph'     # the fingerprint's name in a description
 JOINED, STOPPED, REFUSED = 1, 2, -1   # a worker's flag in workers_joined
-STOP_TOGETHER_SECS = 8       # stopping, the chief waits this long for the others' last
-                             # steps; they wait a little longer for its step (within
-                             # worker_sessions.STOPPED_WORKER_SECS, and the 30 s grace)
+STOP_TOGETHER_SECS = 5       # stopping, the chief waits this long for the others' last
+                             # steps (sync: each released within STOP_STEP_SECS and a token's
+                             # OP_RUNNER_SECS); they wait a little longer for its step (within
+                             # worker_sessions.STOPPED_WORKER_SECS, and the 30 s grace). With
+                             # 8, a sync job stopped while a worker was cut off from the ps
+                             # task ended 15.4 s after the signal (tests/test_dist_network.py)
 POLL_SECS = 0.2
 SHOWN_DIFFERENCES = 3
 

@@ -25,8 +25,13 @@ import tensorflow as tf
 from training import checkpoints, errors, mixed_precision, signals, steps, summaries
 
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
+STEP_SLACK_SECS = 8          # ... a step, this long past --step_timeout_secs: a step cut off
+                             # from the ps tasks by the network (packets dropped) is not
+                             # ended by TensorFlow's own timeout, which waits on them; the
+                             # slack is for the sync message's read (OP_RUNNER_SECS)
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
+OP_RUNNER_SECS = 3           # a token handed out, or the ps tasks' state read, in this long
 STOPPED_WORKER_SECS = 22     # a stopped non-chief still running this long after its step
                              # exits (inside the 30 s before Slurm's or Kubernetes' SIGKILL)
 END_SAVE_TRIES = 5           # the chief's last save, again while other workers move the step
@@ -106,11 +111,17 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
 
 
 class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
-  """The chief's sessions: the first initialises or restores the variables.
+  """The chief's sessions: each initialises or restores the variables, unless the ps
+  tasks still hold them all.
 
-  MonitoredSession opens another when a step fails because a ps task went away
-  (AbortedError, UnavailableError): it waits for the ps tasks to answer again,
-  then restores the latest checkpoint into them, as a restarted chief does.
+  MonitoredSession opens another when a step fails because a ps task went away, or
+  the network dropped the connection (AbortedError, UnavailableError): it waits for
+  the ps tasks to answer again. Whatever the session, first or reopened, it restores
+  a checkpoint only when the ps tasks lost their variables (a ps task that restarted:
+  some are uninitialised there); a ps task that only went out of reach, or a chief
+  restarted while the ps tasks served on, finds them live, at a global step the other
+  workers may have moved on since the checkpoint, and goes on from it. TensorFlow's
+  SessionManager decides the same way for a non-chief; its chief restores always.
 
   fp16: restore_fp16 (mixed_precision.restorer's) restores, after everything is
   initialised, so that a float32 run's checkpoint (no loss_scale/) resumes too.
@@ -126,19 +137,40 @@ class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
   def create_session(self):
     if self._opened:
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'restores the variables from the latest checkpoint', self._should_stop)
+                    'goes on from the variables the ps tasks hold, or restores the latest '
+                    'checkpoint into ps tasks that restarted', self._should_stop)
       # The newest of this directory's checkpoints that reads whole, found as at start.
       self._checkpoint_filename_with_path = checkpoints.checkpoint_to_resume(
           self._train_dir)[0]
     self._opened += 1
     path = self._checkpoint_filename_with_path
     with quiet_deprecations():  # of the Saver's restore
+      live = self._session_if_variables_live(path)
+      if live is not None:
+        return live
+      if self._opened > 1 and path:
+        print('%s: the ps tasks restarted: restoring step %d from %s' % (
+            self._who, checkpoints.checkpoint_step(path), path), flush=True)
       if not (self._restore_fp16 and path):
         return super().create_session()
       self._scaffold.finalize()
       return self._get_session_manager().prepare_session(
           self._master, config=self._config, init_op=self._scaffold.init_op,
           init_fn=lambda sess: self._restore_into(sess, path))
+
+  def _session_if_variables_live(self, path):
+    """A session on the ps tasks' variables, if every one is initialised there (then
+    said, with the global step); else None."""
+    self._scaffold.finalize()
+    try:
+      sess = self._get_session_manager().wait_for_session(
+          self._master, config=self._config, max_wait_secs=0)
+    except tf.errors.DeadlineExceededError:
+      return None  # uninitialised: a new job, or a ps task that restarted
+    step = sess.run(tf.compat.v1.train.get_global_step())
+    print('%s: the ps tasks still hold the variables, at global step %d: going on from '
+          'it%s' % (self._who, step, ', not from %s' % path if path else ''), flush=True)
+    return sess
 
   def _restore_into(self, sess, path):
     if self._restore_fp16(sess, path):
@@ -163,7 +195,7 @@ class WorkerSessions(tf.compat.v1.train.SessionCreator):
   def create_session(self):
     if self._opened:
       say_reopening(self._who, self._ps_hosts, self._timeout_secs, self._arm_watchdog,
-                    'waits for the chief to restore the variables from its checkpoint',
+                    'waits for the chief (which restores them if the ps tasks restarted)',
                     self._should_stop)
     else:
       print('%s: waiting for the chief (worker 0 at %s) to initialise the variables'
@@ -208,9 +240,9 @@ def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then, should_stop):
   if should_stop():
     raise errors.PeerGone('%s: the session was aborted while stopping: the ps tasks (%s) '
                           'have left' % (who, ','.join(ps_hosts)))
-  print('%s: the session was aborted: a ps task (%s) went away or restarted, and with '
-        'it the variables it held. Waiting up to %d s for the ps tasks to answer; then '
-        'this worker %s.' % (who, ','.join(ps_hosts), timeout_secs, then), flush=True)
+  print('%s: the session was aborted: a ps task (%s) went away or restarted, or the '
+        'network dropped its connection. Waiting up to %d s for the ps tasks to answer; '
+        'then this worker %s.' % (who, ','.join(ps_hosts), timeout_secs, then), flush=True)
   arm_watchdog(2 * timeout_secs + WATCHDOG_SLACK_SECS,
                '%s could not open a new session with the ps tasks %s within %d s. Check '
                'that they are running, or raise --startup_timeout_secs.'
@@ -276,16 +308,31 @@ def _step_ends(progress, secs):
   return not progress.stepping.is_set()
 
 
-def op_runner(target, config, fetches):
-  """A function that runs fetches once in a session of its own, for at most 5 s, and
-  returns what they fetched; None where the ps tasks are gone."""
-  def run():
+def op_runner(target, config, fetches, timeout_secs=OP_RUNNER_SECS):
+  """A function that runs fetches once in a session of its own and returns what they
+  fetched; None where the ps tasks are gone, or do not answer within timeout_secs.
+
+  The run is a daemon thread's, waited for that long: opening the session sends the
+  graph to the ps tasks (ExtendSession) with no deadline TensorFlow keeps, and a sync
+  worker cut off from the ps tasks, stopping, waited there until its watchdog ended it,
+  46 s after the SIGTERM (exit 138, not 143).
+  """
+  found = []
+
+  def run_once():
     graph = tf.nest.flatten(fetches)[0].graph
     try:
       with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
-        return sess.run(fetches, options=tf.compat.v1.RunOptions(timeout_in_ms=5000))
+        found.append(sess.run(fetches, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=int(timeout_secs * 1000))))
     except tf.errors.OpError:
-      return None
+      pass
+
+  def run():
+    running = threading.Thread(target=run_once, daemon=True, name='op_runner')
+    running.start()
+    running.join(timeout_secs)
+    return found[0] if found else None
   return run
 
 

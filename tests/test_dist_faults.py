@@ -207,6 +207,10 @@ def test_ps_killed_and_restarted_both_workers_say_so_in_their_own_line_only_and_
     # "E... master_session.cc] Cleanup partition error: UNAVAILABLE" with gRPC's detail.
     assert not [line for line in worker.lines if TENSORFLOW_ERROR.match(line)], worker.log()
     assert matches(DONE_LINE, worker.lines)[0].group(3) == str(max_steps)
+  # A ps task that restarted lost its variables: the chief says so, and restores them.
+  assert re.search(r'^worker 0: the ps tasks restarted: restoring step \d+ from .*'
+                   r'model\.ckpt-\d+$', workers[0].text, re.M), workers[0].log()
+  assert 'the ps tasks still hold' not in workers[0].text, workers[0].log()
   assert helpers.global_step(tmp_path) == max_steps
 
 

@@ -30,6 +30,7 @@ generator for unseeded ops may be shared by siblings, so a test that needs two r
 differ gives seeds.
 """
 import atexit
+import ctypes
 import json
 import os
 import re
@@ -54,6 +55,7 @@ IMPORT_TIME = re.compile(r'(TF_|ONEDNN_|DNNL_|CUDA_|OMP_|KMP_|MKL_|PYTHON|LD_|GR
 # first lists its devices (cuInit), which the server never does.
 NOT_IMPORT_TIME = {'TF_CONFIG', 'PYTHONUNBUFFERED', 'CUDA_VISIBLE_DEVICES'}
 REQUEST_BYTES = 1 << 20      # one request's JSON: argv, environment, cwd
+CLONE_NEWNET = 0x40000000    # setns()'s kind: a network namespace (<sched.h>)
 SERVER_ENV = {'OPENBLAS_NUM_THREADS': '1'}  # numpy's OpenBLAS would start a thread
 # The server's log line once PRELOAD is in: its CPU time from the interpreter's start, the
 # cost of every fresh program's start, and so a measure of how fast the host runs now.
@@ -72,6 +74,15 @@ def script_of(argv):
   if argv[0] != sys.executable or not (script.endswith('.py') or code):
     return None, False
   return script, unbuffered
+
+
+def netns_of(argv):
+  """(PATH, the program's argv) for `nsenter --net=PATH -- program...` (a host of
+  netlab.py's), else (None, argv)."""
+  if len(argv) > 3 and argv[0] == 'nsenter' and argv[1].startswith('--net=') and (
+      argv[2] == '--'):
+    return argv[1][len('--net='):], list(argv[3:])
+  return None, argv
 
 
 def import_environment(argv, env):
@@ -132,14 +143,15 @@ class Forked:
   """A program forked by a Server: pid, stdout, stderr, poll, wait, send_signal, kill,
   returncode, as Popen has them (text pipes, line-buffered)."""
 
-  def __init__(self, server, argv, env, cwd, new_session=False, file_size_limit=None):
+  def __init__(self, server, argv, env, cwd, new_session=False, file_size_limit=None,
+               netns=None):
     self.args, self.returncode = argv, None
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)  # stdin: no program reads one, and a test
     self._conn = server.connect()             # process's own may be xdist's channel
     request = dict(argv=list(map(str, argv)), env=env, cwd=str(cwd), new_session=new_session,
-                   file_size_limit=file_size_limit)
+                   file_size_limit=file_size_limit, netns=netns)
     try:
       socket.send_fds(self._conn, [json.dumps(request).encode()], [null, out_write, err_write])
     finally:
@@ -273,6 +285,12 @@ def become(request, fds, server_fds):
     os.close(fd)
   if request['new_session']:
     os.setsid()
+  if request['netns']:  # as nsenter --net=PATH would; this child has one thread
+    fd = os.open(request['netns'], os.O_RDONLY)
+    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+      sys.exit('fork server: setns(%s): %s' % (request['netns'],
+                                               os.strerror(ctypes.get_errno())))
+    os.close(fd)
   if request['file_size_limit'] is not None:
     limit = request['file_size_limit']
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

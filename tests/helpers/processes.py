@@ -148,17 +148,20 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
 
   A project script run with this Python is forked from a server that has imported
   TensorFlow (forkserver.py), unless fresh=True or its import-time environment differs
-  from this process's own: then, and for anything else, a fresh process.
+  from this process's own: then, and for anything else, a fresh process. Under
+  `nsenter --net=PATH --` (netlab.py's hosts), the forked program joins that namespace.
   """
   env = user_env() if env is None else env
   # A --local_cluster launcher forks its tasks (local_cluster.start_tasks).
   STARTS['launchers'] += any(str(arg).startswith('--local_cluster=') for arg in argv)
-  script, _ = forkserver.script_of(argv)
+  netns, program = forkserver.netns_of(argv)
+  script, _ = forkserver.script_of(program)
   if script and not fresh:
-    wanted = forkserver.import_environment(argv, env)
-    if wanted == forkserver.import_environment(argv, user_env()):
+    wanted = forkserver.import_environment(program, env)
+    if wanted == forkserver.import_environment(program, user_env()):
       STARTS['forked runs'] += 1
-      return forkserver.Forked(_server(wanted), argv, env, cwd, new_session, file_size_limit)
+      return forkserver.Forked(_server(wanted), program, env, cwd, new_session,
+                               file_size_limit, netns)
   if sys.executable in argv:  # this Python, itself or under a wrapper (prlimit)
     STARTS['fresh interpreters'] += 1
   preexec = file_size_limit and (lambda: resource.setrlimit(
