@@ -315,7 +315,7 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = data_sets.DATASETS[settings.dataset].model.__name__
-  run_fetch = lambda fetch: sess.run_step_fn(lambda step_context: step_context.session.run(fetch))
+  run_fetch = lambda fetch: worker_sessions.without_hooks(sess, lambda raw: raw.run(fetch))
   graph.run_match.before_first_step(run_fetch, run, mode, worker.startup_timeout_secs,
                                     lambda: stop.requested)
   step = run_fetch(graph.global_step)

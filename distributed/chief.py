@@ -67,5 +67,5 @@ def save_after_error(sess, run, graph):
   if not run.is_chief:
     return 'This worker saves nothing (the chief does); rerun it once the file is whole.'
   found = saves(graph)
-  sess.run_step_fn(lambda step_context: found.end(step_context.session))
+  worker_sessions.without_hooks(sess, found.end)
   return 'Saved step %d; rerun to resume once the file is whole.' % found.last_saved

@@ -32,6 +32,7 @@ STEP_SLACK_SECS = 8          # ... a step, this long past --step_timeout_secs: a
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
 OP_RUNNER_SECS = 3           # a token handed out, or the ps tasks' state read, in this long
+CLOSED_SESSION_TRIES = 3     # a fetch asked again of a session MonitoredSession reopened
 STOPPED_WORKER_SECS = 22     # a stopped non-chief still running this long after its step
                              # exits (inside the 30 s before Slurm's or Kubernetes' SIGKILL)
 END_SAVE_TRIES = 5           # the chief's last save, again while other workers move the step
@@ -66,6 +67,22 @@ def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
           'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
           '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
     time.sleep(0.5)
+
+
+def without_hooks(sess, step_fn):
+  """step_fn(raw session) run through MonitoredSession.run_step_fn, without the hooks.
+
+  When the ps tasks' connection fails in it, MonitoredSession opens a new session and
+  calls step_fn again, but with the session it first had, closed by then: 'Attempted
+  to use a closed Session' (seen after TCP resets toward a ps task, a worker restarted
+  while they ended). Asked again, run_step_fn hands it the new session.
+  """
+  for tries_left in reversed(range(CLOSED_SESSION_TRIES)):
+    try:
+      return sess.run_step_fn(lambda step_context: step_fn(step_context.session))
+    except RuntimeError as e:
+      if 'closed Session' not in str(e) or not tries_left:
+        raise
 
 
 def port_answers(host):

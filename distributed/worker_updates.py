@@ -447,7 +447,7 @@ class SyncUpdates:
     end: after a stop the workers wait for their tokens until a chief restarted with
     the same command has them run on (up to --step_timeout_secs)."""
     if self._release_workers is not None:
-      sess.run_step_fn(lambda step_context: step_context.session.run(self._release_workers))
+      worker_sessions.without_hooks(sess, lambda raw: raw.run(self._release_workers))
 
   def release_stopping_step(self):
     """A function handing this worker's own step a token (worker_sessions.watch_stopping_step)."""
