@@ -66,7 +66,7 @@ class SyncReplicas(tf.compat.v1.train.SyncReplicasOptimizer):
   worker that has gone away, whatever it was doing, holds up the next update until
   the others' steps time out (--step_timeout_secs). Each worker also writes the local
   step its gradient was computed at in `gradients_at` (int64 [workers], on the ps),
-  which names the workers an update still waits for (missing_workers).
+  which names the workers an update still waits for (SyncUpdates._missing_workers).
 
   Placement: SyncReplicasOptimizer puts its token queue and gradient accumulators
   beside global_step (on the ps) with tf.device() scopes of its own, and leaves
