@@ -106,13 +106,13 @@ def test_chief_cut_off_past_its_step_timeout_rerun_goes_on_from_the_ps_step(
   # chief's step ends at its step timeout (before, the watchdog's 30 s later), and its
   # rerun finds the variables live on the ps task and goes on from them: before, it
   # restored its last checkpoint over them, worker 1's updates since thrown away.
-  max_steps = 400
+  max_steps = 250
   job, hosts, start = start_job(lab, tasks, tmp_path, '--max_steps=%d' % max_steps,
-                                '--save_every_n_steps=50')
+                                '--save_every_n_steps=30')
   for host in hosts.values():
     lab.shape(host, '200mbit')
   for name in ('worker0', 'worker1'):
-    job[name].wait_for(step_at_least(60), 'step 60, past a checkpoint')
+    job[name].wait_for(step_at_least(40), 'step 40, past a checkpoint')
   lab.cut(hosts['ps0'], hosts['worker0'])
   cut_at = time.time()
   assert job['worker0'].finish(timeout=60) == 138, job['worker0'].log()
