@@ -44,7 +44,7 @@ STOP_WAIT_SECS = 15        # a ps task asked to stop serves the chief's save thi
                            # its save), then exits: inside the 30 s Slurm (KillWait) and
                            # Kubernetes (terminationGracePeriodSeconds) give before SIGKILL,
                            # with room for the exit of a task on a loaded machine
-OTHERS_STOP_SECS = 4       # ... then the other workers' last steps and closes this long at
+OTHERS_STOP_SECS = 3       # ... then the other workers' last steps and closes this long at
                            # most (a worker closing on a ps task gone would hang there; one
                            # cut off from this task by the network never says it closed:
                            # with 15, its job's ps tasks ended 15 s after the signal, the

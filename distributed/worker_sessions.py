@@ -30,7 +30,7 @@ STEP_SLACK_SECS = 8          # ... a step, this long past --step_timeout_secs: a
                              # ended by TensorFlow's own timeout, which waits on them; the
                              # slack is for the sync message's read (OP_RUNNER_SECS)
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
-STOP_STEP_SECS = 3           # sync, stopping: a step still waiting this long is released
+STOP_STEP_SECS = 2           # sync, stopping: a step still waiting this long is released
 OP_RUNNER_SECS = 3           # a token handed out, or the ps tasks' state read, in this long
 CLOSED_SESSION_TRIES = 3     # a fetch asked again of a session MonitoredSession reopened
 STOPPED_WORKER_SECS = 22     # a stopped non-chief still running this long after its step
