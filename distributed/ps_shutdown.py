@@ -47,8 +47,10 @@ STOP_WAIT_SECS = 15        # a ps task asked to stop serves the chief's save thi
 OTHERS_STOP_SECS = 3       # ... then the other workers' last steps and closes this long at
                            # most (a worker closing on a ps task gone would hang there; one
                            # cut off from this task by the network never says it closed:
-                           # with 15, its job's ps tasks ended 15 s after the signal, the
-                           # chief at 8.5; the others close as the chief saves)
+                           # with 15, its job's ps tasks ended 15.3 s after the signal, the
+                           # chief at 8.5; the others close as the chief saves:
+                           # tests/test_dist_network.py's whole-job SIGTERM, this project's
+                           # 2-core EPYC, 2026-12-02)
 
 WorkersSeen = collections.namedtuple('WorkersSeen', [
     'reported',  # sorted worker indexes that said they finished

@@ -44,7 +44,8 @@ STOP_TOGETHER_SECS = 5       # stopping, the chief waits this long for the other
                              # OP_RUNNER_SECS); they wait a little longer for its step (within
                              # worker_sessions.STOPPED_WORKER_SECS, and the 30 s grace). With
                              # 8, a sync job stopped while a worker was cut off from the ps
-                             # task ended 15.4 s after the signal (tests/test_dist_network.py)
+                             # task ended 15.4 s after the signal (tests/test_dist_network.py,
+                             # this project's 2-core EPYC, 2026-12-02)
 POLL_SECS = 0.2
 SHOWN_DIFFERENCES = 3
 

@@ -27,8 +27,10 @@ from training import checkpoints, errors, mixed_precision, signals, steps, summa
 WATCHDOG_SLACK_SECS = 30     # past a deadline, a task stuck inside TensorFlow exits
 STEP_SLACK_SECS = 8          # ... a step, this long past --step_timeout_secs: a step cut off
                              # from the ps tasks by the network (packets dropped) is not
-                             # ended by TensorFlow's own timeout, which waits on them; the
-                             # slack is for the sync message's read (OP_RUNNER_SECS)
+                             # ended by TensorFlow's own timeout, which waits on them (a
+                             # chief ended by the watchdog at 35 s, timeout 5 s:
+                             # tests/test_dist_network.py, 2026-12-02); the slack is for the
+                             # sync message's read (OP_RUNNER_SECS)
 RECOVERY_WAIT_SECS = 1       # a non-chief looks this often for the chief's variables
 STOP_STEP_SECS = 2           # sync, stopping: a step still waiting this long is released
 OP_RUNNER_SECS = 3           # a token handed out, or the ps tasks' state read, in this long
@@ -332,7 +334,8 @@ def op_runner(target, config, fetches, timeout_secs=OP_RUNNER_SECS):
   The run is a daemon thread's, waited for that long: opening the session sends the
   graph to the ps tasks (ExtendSession) with no deadline TensorFlow keeps, and a sync
   worker cut off from the ps tasks, stopping, waited there until its watchdog ended it,
-  46 s after the SIGTERM (exit 138, not 143).
+  46 s after the SIGTERM (exit 138, not 143: issue 60's run, each task in a namespace
+  of its own, iptables DROP between worker and ps).
   """
   found = []
 

@@ -213,6 +213,8 @@ def test_flag_started_ps_waits_for_late_worker_then_both_exit_0(tasks, tmp_path)
   assert ('worker 1: the job is over: %s/model.ckpt-%d is at step %d, not below '
           '--max_steps=%d: nothing to do.' % (tmp_path, MAX_STEPS, MAX_STEPS, MAX_STEPS)
           in late.text), late.log()
+  assert ('worker 1: telling the ps tasks at %s that it has finished, for at most 5 s'
+          % ps_hosts[0] in late.text), late.log()  # said: a ps task answers
   assert ps.finish() == 0, ps.log()
   assert [line for line in ps.lines if line.startswith('ps task 0')][-3:] == [
       'ps task 0: worker 0 has finished (1 of 2)',

@@ -15,7 +15,8 @@ import tensorflow as tf
 import helpers
 from helpers import (DONE_LINE, PREEMPT_STEPS, QUICK_FLAGS, RESUMING_LINE, STEADY_FLAGS,
                      WORKER_LOSS_LINE, assert_done_at_max_steps, chief_stopped_at_its_first_step,
-                     matches, preempt_cluster, step_at_least, sync_ps_state)
+                     matches, preempt_cluster, run_on_ps, step_at_least,
+                     sync_ps_state)
 
 pytestmark = pytest.mark.slow
 
@@ -57,14 +58,9 @@ def close_token_queue(ps_host, task_index):
   as a chief's session closes: worker_updates.SyncReplicas's queue, found by its shared
   name."""
   name = 'sync_token_q_worker_%d' % task_index
-  with tf.Graph().as_default() as graph:
-    with tf.device('/job:ps/task:0'):
-      queue = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name=name, shared_name=name)
-      close = queue.close(cancel_pending_enqueues=True)
-  # Only the ps task: a session that also saw the workers would wait for the chief.
-  config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
-  with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
-    sess.run(close, options=tf.compat.v1.RunOptions(timeout_in_ms=60 * 1000))
+  run_on_ps(ps_host, lambda: tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name=name,
+                                                shared_name=name).close(
+                                                    cancel_pending_enqueues=True))
 
 
 def test_sync_worker_whose_token_queue_closes_exits_138_without_reporting_finished(
@@ -131,9 +127,9 @@ def test_sync_worker_killed_at_either_moment_chief_exits_138_naming_it_no_update
   assert job['ps0'].finish(timeout=30) == 138, job['ps0'].log()
   # Each update held one gradient of each worker: the chief's loss lines name each
   # update once, and it took at most one more step after worker 1's last.
-  shown = [int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker0'].lines)]
+  shown = helpers.steps(WORKER_LOSS_LINE, job['worker0'].lines)
   assert shown == list(range(shown[0], shown[0] + len(shown))), job['worker0'].log()
-  last_of_worker_1 = max(int(m.group(1)) for m in matches(WORKER_LOSS_LINE, job['worker1'].lines))
+  last_of_worker_1 = max(helpers.steps(WORKER_LOSS_LINE, job['worker1'].lines))
   assert shown[-1] <= last_of_worker_1 + 1, job['worker0'].log()
   errors = [line for line in job['worker0'].err_lines if line.startswith('error')]
   assert len(errors) == 1 and errors[0].startswith(

@@ -51,9 +51,18 @@ def first_run(sample_dir, write, train_flags):
   runs['eval'] = helpers.run(evaluate)
   runs['dist'] = helpers.run(dist + ['--only_check_args'])
   for name, command in zip(('export', 'classify'), commands[4:]):
-    runs[name] = helpers.run([path for word in command
-                              for path in (sorted(glob.glob(word)) if '*' in word else [word])])
+    runs[name] = helpers.run([path for word in command for path in _as_a_shell_expands(word)])
   return runs
+
+
+def _as_a_shell_expands(word):
+  """[word], or the files DIR/*.png names, sorted: without glob(), which would read a
+  bracket or star in the temporary directory's own name as a pattern."""
+  directory, _, pattern = word.rpartition('/')
+  if pattern != '*.png':
+    return [word]
+  return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                if name.endswith('.png'))
 
 
 @pytest.fixture(scope='module')
@@ -100,7 +109,7 @@ def test_write_sample_cli_printed_export_and_classify_run_on_its_class_images(
   assert export[0] == 'export_model.py' and classify[:2] == [
       'classify.py', '--model_dir=%s' % export[-1].split('=', 1)[1]]
   assert classify[2:] == [str(sample_dir / 'images' / '*.png')]
-  images = sorted(glob.glob(classify[2]))
+  images = _as_a_shell_expands(classify[2])
   assert images and {os.path.basename(p)[:-4] for p in images} <= set(cifar10_input.CLASS_NAMES)
   _assert_ok(runs['export'])
   _assert_ok(runs['classify'], *('%s: ' % path for path in images))

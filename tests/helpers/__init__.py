@@ -28,7 +28,8 @@ from helpers.files import (Sample, checkpoint, cifar10_test_records, copy_checkp
 from helpers.clusters import (PREEMPT_STEPS, QUICK_FLAGS, STEADY_FLAGS,
                               assert_done_at_max_steps, chief_stopped_at_its_first_step,
                               fake_nvidia_smi, job_commands, local_cluster_task,
-                              preempt_cluster, run_job, run_local_cluster, step_at_least,
+                              preempt_cluster, run_job, run_local_cluster, run_on_ps,
+                              step_at_least,
                               sync_ps_state, tf_config)
 from helpers.hostile import (HOSTILE_FILES, drip, make_hostile, returns_within, serve,
                              serve_stream, unblock_fifo)

@@ -126,16 +126,27 @@ def assert_done_at_max_steps(task):
   assert 'Traceback' not in task.text, task.log()
 
 
-def sync_ps_state(ps_host, num_workers):
-  """(global step, each worker's gradients_at) read from the ps task: the local step each
-  worker's latest gradient was computed at (worker_updates.SyncReplicas), found by name."""
+def run_on_ps(ps_host, build, timeout_secs=60):
+  """Runs what build() returns, built on ps task 0 in a graph of its own, in a session
+  of the ps task alone (one that also saw the workers would wait for the chief); the
+  job's queues and variables there are found by their shared names."""
   import tensorflow as tf  # only when a test asks
   with tf.Graph().as_default() as graph:
     with tf.device('/job:ps/task:0'):
-      global_step = tf.compat.v1.Variable(0, dtype=tf.int64, name='global_step')
-      gradients_at = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int64),
-                                           name='sync_gradients_at')
+      fetches = build()
   config = tf.compat.v1.ConfigProto(device_filters=['/job:ps/task:0'])
   with tf.compat.v1.Session('grpc://' + ps_host, graph=graph, config=config) as sess:
-    return sess.run([global_step.read_value(), gradients_at.read_value()],
-                    options=tf.compat.v1.RunOptions(timeout_in_ms=10 * 1000))
+    return sess.run(fetches, options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_secs * 1000))
+
+
+def sync_ps_state(ps_host, num_workers):
+  """(global step, each worker's gradients_at) read from the ps task: the local step each
+  worker's latest gradient was computed at (worker_updates.SyncReplicas)."""
+  import tensorflow as tf
+
+  def build():
+    global_step = tf.compat.v1.Variable(0, dtype=tf.int64, name='global_step')
+    gradients_at = tf.compat.v1.Variable(tf.zeros([num_workers], tf.int64),
+                                         name='sync_gradients_at')
+    return [global_step.read_value(), gradients_at.read_value()]
+  return run_on_ps(ps_host, build, timeout_secs=10)
