@@ -56,8 +56,9 @@ from absl import flags
 import tensorflow as tf
 
 import data_sets
-from distributed import (chief, evaluator, local_cluster, ps_placement, ps_task, run_match,
-                         task_cluster, worker_end, worker_sessions, worker_updates)
+from distributed import (all_reduce, chief, cluster_env, evaluator, local_cluster,
+                         ps_placement, ps_task, run_match, task_cluster, worker_end,
+                         worker_sessions, worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, input_data, machine, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -103,6 +104,9 @@ def define_flags():
         flags.declare_key_flag(flag.name)
   flags.DEFINE_boolean('sync_replicas', False, 'Average the workers\' gradients before '
                        'each update (SyncReplicasOptimizer) instead of applying each.')
+  flags.DEFINE_boolean('all_reduce', False, 'Sync without ps tasks: each worker keeps its own '
+                       'copy of the variables, and the workers average their gradients by '
+                       'TensorFlow\'s collective all-reduce. For a cluster of workers only.')
   flags.DEFINE_integer('replicas_to_aggregate', None, 'Sync: gradients averaged per update; '
                        'default: the number of workers. Fewer leaves backup workers.')
   flags.DEFINE_integer('startup_timeout_secs', STARTUP_TIMEOUT_SECS, 'Seconds a worker '
@@ -114,6 +118,7 @@ def define_flags():
 class WorkerSettings(typing.NamedTuple):
   """What a worker needs beyond its Settings (training/settings.py): the mode and the waits."""
   sync_replicas: bool = False
+  all_reduce: bool = False            # no ps tasks: the workers' collective all-reduce
   replicas_to_aggregate: int = None   # sync: gradients per update; None: one per worker
   startup_timeout_secs: int = STARTUP_TIMEOUT_SECS
   step_timeout_secs: int = STEP_TIMEOUT_SECS
@@ -137,8 +142,12 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
   with contextlib.ExitStack() as exit_stack:  # the chief's lock on train_dir
     run = start(exit_stack, cluster, task_index, settings, worker, data.input, stop)
     exit_stack.enter_context(worker_end.chief_failure_ends_the_job(run))  # the ps's too
-    mode = (worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
-            if worker.sync_replicas else worker_updates.AsyncUpdates(run))
+    if worker.all_reduce:
+      mode = all_reduce.AllReduceUpdates(run, settings.save_every_n_steps)
+    elif worker.sync_replicas:
+      mode = worker_updates.SyncUpdates(run, worker.replicas_to_aggregate)
+    else:
+      mode = worker_updates.AsyncUpdates(run)
     record = (chief.record(run, settings, data, flag_values, sys.modules[__name__],
                            sys.modules['multi_gpu_train'], flags_given)
               if run.is_chief else None)
@@ -156,7 +165,7 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
       print_start(run, mode, settings, data.model, epoch, examples_per_update)
       worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
                                           mode.release_stopping_step())
-      with worker_end.stopped_without_ps(run, graph, stop, progress):
+      with worker_end.stopped_without_ps(run, graph, stop, progress), mode.peers_failing():
         graph.run_match.compare_before_session(run, worker.startup_timeout_secs)
         with worker_sessions.open_session(run, graph, settings, worker.startup_timeout_secs,
                                           stop) as sess:
@@ -204,14 +213,21 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input, stop):
     startup.prepare_data(settings, data_input, stop)
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
   config = placement.session_config(num_cpu_devices, settings.session)
-  # Only the ps tasks and this worker: no worker waits for another to start.
-  config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
+  ps_hosts = cluster.job_tasks('ps') if 'ps' in cluster.jobs else []
+  if worker.all_reduce:  # every worker reaches every other: the ring passes through each
+    config.experimental.collective_group_leader = '/job:worker/replica:0/task:0'
+    config.device_filters.append('/job:worker')
+    peers = [host for i, host in enumerate(cluster.job_tasks('worker')) if i != task_index]
+  else:  # only the ps tasks and this worker: no worker waits for another to start
+    config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
+    peers = ps_hosts
   server = task_cluster.start_server(cluster, 'worker', task_index, who, config)
   arm_watchdog = worker_sessions.start_watchdog()
   # Stopped or not: a chief stopped at start-up still opens its session and saves.
-  worker_sessions.wait_for_ps(cluster.job_tasks('ps'), worker.startup_timeout_secs, who)
+  worker_sessions.wait_for_peers(peers, worker.startup_timeout_secs, who,
+                              what='worker' if worker.all_reduce else 'ps task')
   return WorkerRun(who, cluster, task_index, is_chief, cluster.num_tasks('worker'),
-                   cluster.job_tasks('ps'), cluster.task_address('worker', 0), server,
+                   ps_hosts, cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
 
 
@@ -240,7 +256,9 @@ def build(run, mode, settings, worker, data, epoch, examples_per_update, record)
       next_batch = input_data.worker_batches(data.input, settings.data_dir,
                                              settings.batch_size, settings.synthetic)
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    match = run_match.RunMatch(run.num_workers, run.task_index, global_step)
+    # On the ps tasks; without them, on the chief.
+    with all_reduce.chief_device_scope() if not run.ps_hosts else contextlib.nullcontext():
+      match = run_match.RunMatch(run.num_workers, run.task_index, global_step)
     lr, decay_steps = updates.learning_rate(global_step, examples_per_update, epoch.count,
                                             model)
     opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
@@ -315,9 +333,11 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
   """The step loop: run, check, log. Keeps `progress` (a Progress) up to date."""
   max_steps, log_frequency = settings.max_steps, settings.log_frequency
   model_name = data_sets.DATASETS[settings.dataset].model.__name__
-  run_fetch = lambda fetch: worker_sessions.without_hooks(sess, lambda raw: raw.run(fetch))
+  run_fetch = lambda fetch, **options: worker_sessions.without_hooks(
+      sess, lambda raw: raw.run(fetch, **options))
   graph.run_match.before_first_step(run_fetch, run, mode, worker.startup_timeout_secs,
                                     lambda: stop.requested)
+  mode.start_together(run_fetch, worker.startup_timeout_secs)
   step = run_fetch(graph.global_step)
   print('%s: training from global step %d' % (run.who, step), flush=True)
   if step >= max_steps:
@@ -325,11 +345,12 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
           '--max_steps to train further.' % (run.who, step, max_steps))
   local_step, last_shown = 0, step
   unlogged = None  # the latest step's line when the frequency skipped it: the run's last
-  while step < max_steps and not sess.should_stop() and not stop.requested:
+  while step < max_steps and not sess.should_stop() and not mode.stops_before_step(stop):
     progress.step, progress.local_step = step, local_step  # both: a step left behind
     start_time = time.time()
     progress.stepping.set()
-    results = run_step(sess, run, mode, graph, worker.step_timeout_secs)
+    results = run_step(sess, run, mode, graph, worker.step_timeout_secs,
+                       mode.step_feed(stop))
     progress.stepping.clear()
     if results is None:
       break  # async: the other workers have claimed the last updates (see run_step)
@@ -338,6 +359,7 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
     if stop.requested and mode.handed_own_token(step, outcome):  # sync: in no update
       break
     local_step += 1
+    mode.after_step(run_fetch, outcome, worker.step_timeout_secs)
     shown = mode.shown_step(step, outcome)
     steps.check_loss(loss_value, shown, model_name, lambda: chief.untouched(run, graph),
                      ' on ' + run.who)
@@ -356,7 +378,7 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
   # The hooks may have stopped the loop on an update another worker waited for.
   step = run_fetch(graph.global_step)
   if stop.requested:  # a job stopped whole stops together: the step the chief saves
-    said = graph.run_match.stop_together(run_fetch, run)
+    said = mode.step_stopped_at(graph.run_match, run_fetch, run)
     step = step if said is None else said
   progress.step, progress.local_step = step, local_step
   print('%s: closing the session at global step %d' % (run.who, step), flush=True)
@@ -364,7 +386,7 @@ def loop(sess, run, mode, graph, settings, worker, stop, progress):
     mode.release_workers(sess)
 
 
-def run_step(sess, run, mode, graph, step_timeout_secs):
+def run_step(sess, run, mode, graph, step_timeout_secs, feed_dict=None):
   """One worker step under the watchdog and the step timeout: (loss, outcome), or None
   on OutOfRangeError: async, the other workers have claimed the last updates; sync,
   the token queue on the ps was closed (train() says so)."""
@@ -373,7 +395,7 @@ def run_step(sess, run, mode, graph, step_timeout_secs):
   options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   try:
     _, loss_value, outcome = sess.run([graph.train_op, graph.loss, graph.outcome],
-                                      options=options)
+                                      feed_dict=feed_dict, options=options)
   except tf.errors.OutOfRangeError:
     return None
   except tf.errors.DeadlineExceededError as e:
@@ -403,8 +425,12 @@ def main(argv, slurm_cluster=None):
     if cluster.job_name == 'evaluator':
       return evaluator.run_evaluator(settings, data_sets.DATASETS, FLAGS.eval_dir,
                                      FLAGS.eval_interval_secs)
-    spec = tf.compat.v1.train.ClusterSpec({'ps': cluster.ps_hosts,
-                                           'worker': cluster.worker_hosts})
+    misfit = cluster_env.mode_misfit(len(cluster.ps_hosts), FLAGS.all_reduce)
+    if misfit:
+      raise errors.TrainingError(misfit)
+    spec = tf.compat.v1.train.ClusterSpec(  # without ps tasks, no 'ps' job
+        dict({'worker': cluster.worker_hosts}, **{'ps': cluster.ps_hosts} if cluster.ps_hosts
+             else {}))
     if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':
@@ -431,6 +457,11 @@ def check_flags(flag_values):
       raise errors.TrainingError('--%s must be at most %d (a week), got %d' % (
           name, evaluation.MAX_EVAL_INTERVAL_SECS, flag_values[name].value))
   replicas = flag_values.replicas_to_aggregate
+  if flag_values.all_reduce and (flag_values.sync_replicas or replicas is not None):
+    raise errors.TrainingError('--all_reduce is sync already, one gradient from each worker '
+                               'per update: drop --%s' % ('sync_replicas' if
+                                                          flag_values.sync_replicas else
+                                                          'replicas_to_aggregate'))
   if replicas is not None and not flag_values.sync_replicas:
     raise errors.TrainingError('--replicas_to_aggregate=%d needs --sync_replicas: async '
                                'workers apply their gradients one by one' % replicas)

@@ -71,8 +71,9 @@ def check(cluster, jobs=None, named=None, bad_port=None):
   Raises:
     ClusterError: one line naming the flag or variable to fix, the value, and how.
   """
-  if jobs is None:
-    jobs = {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}
+  if jobs is None:  # no ps tasks: all-reduce's (dist_train.py checks the mode fits)
+    jobs = dict({'worker': cluster.worker_hosts},
+                **{'ps': cluster.ps_hosts} if cluster.ps_hosts else {})
   named = named or (lambda job: '--%s_hosts' % job)
   source = cluster.source
   seen = {}  # (host, port) -> (job, index) of the first task there
@@ -224,6 +225,18 @@ def environment(environ, names):
         os.environ.pop(name, None)
       else:
         os.environ[name] = value
+
+
+def mode_misfit(num_ps, all_reduce):
+  """The message refusing ps tasks with --all_reduce, or none without it; or None."""
+  if all_reduce and num_ps:
+    return ('--all_reduce trains without ps tasks, and the cluster has %d: start the workers '
+            'alone (no --ps_hosts, --num_ps=0, no PS replica, --local_cluster=0,W), or drop '
+            '--all_reduce' % num_ps)
+  if not all_reduce and not num_ps:
+    return ('the cluster has no ps task, and without --all_reduce the variables live on ps '
+            'tasks: give --all_reduce (the workers average by all-reduce), or add a ps task')
+  return None
 
 
 def too_many_replicas(replicas_to_aggregate, num_workers):

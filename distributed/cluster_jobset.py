@@ -106,9 +106,11 @@ def _read_pod(environ):
                        'Indexed Job' % (replicas, role, replicas))
   sizes = {job: _jobset_int(environ, name) for job, name in JOBSET_ROLES.items()}
   for job, name in JOBSET_ROLES.items():
-    if sizes[job] < 1:
-      raise ClusterError('%s=%d: the cluster needs at least 1 %s task; set it to the %s '
-                         'replicatedJob\'s completions' % (name, sizes[job], job, job))
+    least = 0 if job == 'ps' else 1  # no ps: --all_reduce
+    if sizes[job] < least:
+      raise ClusterError('%s=%d: the cluster needs at least %d %s task%s; set it to the %s '
+                         'replicatedJob\'s completions' % (name, sizes[job], least, job,
+                                                           's' * (least != 1), job))
   port = _jobset_int(environ, 'TASK_PORT')
   if not 0 < port < 65536:
     raise ClusterError('TASK_PORT=%d is not a port 1..65535; set it to the containerPort '

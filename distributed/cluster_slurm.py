@@ -72,7 +72,8 @@ def from_slurm(num_ps, port_base=SLURM_PORT_BASE, environ=os.environ):
                      's' * (len(nodes) != 1), nodelist, job_name, task_index,
                      ', the chief' * (job_name == 'worker' and task_index == 0), rank,
                      ports_note, _slurm_gpu_note(gpus, visible, environ)))
-  cluster = Cluster(spec.job_tasks('ps'), spec.job_tasks('worker'), job_name, task_index,
+  cluster = Cluster(spec.job_tasks('ps') if num_ps else [], spec.job_tasks('worker'),
+                    job_name, task_index,
                     'Slurm', description)
   check(cluster, named=_named, bad_port=lambda host: _slurm_port_message(cluster, host))
   return cluster
@@ -126,8 +127,9 @@ def _slurm_step(environ, num_ps):
   Raises:
     ClusterError: a variable missing or malformed, too few tasks for num_ps + 1.
   """
-  if num_ps < 1:
-    raise ClusterError('--num_ps must be at least 1 for a Slurm cluster, got %d' % num_ps)
+  if num_ps < 0:
+    raise ClusterError('--num_ps must be at least 0 for a Slurm cluster (0: --all_reduce), '
+                       'got %d' % num_ps)
   for name in SLURM_VARIABLES:
     if not environ.get(name, '').strip():
       raise ClusterError('%s is not set: start every task with one srun step inside the '

@@ -102,9 +102,6 @@ def _read_tf_config(text, environ):
     raise ClusterError('TF_CONFIG names %d chiefs (%s); a job has one chief: give one '
                        'task of type "chief" (or "master", not both)'
                        % (len(chiefs), ', '.join(chiefs)))
-  if not jobs.get('ps'):
-    raise ClusterError('TF_CONFIG\'s "cluster" has no "ps" task; dist_train.py keeps the '
-                       'variables on ps tasks: add a PS replica (at least 1)')
   if not chiefs and not jobs.get('worker'):
     raise ClusterError('TF_CONFIG\'s "cluster" has no "chief" and no "worker" task; add '
                        'a Chief replica, or Worker replicas, to train')

@@ -167,8 +167,8 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
   ports = free_ports(num_ps + num_workers)
   ps_hosts = ['127.0.0.1:%d' % p for p in ports[:num_ps]]
   worker_hosts = ['127.0.0.1:%d' % p for p in ports[num_ps:]]
-  print('local cluster: ps %s, workers %s' % (','.join(ps_hosts), ','.join(worker_hosts)),
-        flush=True)
+  print('local cluster: %sworkers %s' % ('ps %s, ' % ','.join(ps_hosts) if ps_hosts else '',
+                                         ','.join(worker_hosts)), flush=True)
   relay = Relay()
   tasks = {}  # 'ps0' -> Popen, in start order
   try:
@@ -181,8 +181,9 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         _say_failed(relay, failed[0], ended[failed[0]])
         return 1
       if len(ended) == len(tasks):
-        print('local cluster: all %d workers finished, then the %d ps task(s) by themselves'
-              % (num_workers, num_ps), flush=True)
+        print('local cluster: all %d workers finished%s' % (
+            num_workers, ', then the %d ps task(s) by themselves' % num_ps if num_ps else ''),
+              flush=True)
         return 0
       running = [name for name in tasks if name not in ended]
       if one_side_ended is None and (all(name.startswith('ps') for name in running) or
@@ -224,7 +225,7 @@ def start_tasks(tasks, relay, ps_hosts, worker_hosts, extra_flags):
     for i in range(len(hosts)):
       name = '%s%d' % (job_name, i)
       argv = task_command(job_name, i, ps_hosts, worker_hosts, extra_flags)
-      group = tasks['ps0'].pid if tasks else 0
+      group = next(iter(tasks.values())).pid if tasks else 0  # the first task's
       if why_fresh:
         tasks[name] = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -455,14 +456,15 @@ def check_memory(num_ps, num_workers, available_bytes):
 
 
 def parse_spec(value):
-  """--local_cluster's 'P,W' -> (P, W); ValueError naming the value unless both are >= 1."""
+  """--local_cluster's 'P,W' -> (P, W); ValueError naming the value unless P >= 0 (0:
+  all-reduce) and W >= 1."""
   try:
     num_ps, num_workers = [int(n) for n in value.split(',')]
   except ValueError:
-    num_ps = num_workers = 0
-  if num_ps < 1 or num_workers < 1:
-    raise ValueError('--local_cluster takes P,W with at least 1 ps task and 1 worker, '
-                     'e.g. --local_cluster=1,2; got %r' % value)
+    num_ps, num_workers = -1, 0
+  if num_ps < 0 or num_workers < 1:
+    raise ValueError('--local_cluster takes P,W with at least 0 ps tasks (0: --all_reduce) '
+                     'and 1 worker, e.g. --local_cluster=1,2; got %r' % value)
   return num_ps, num_workers
 
 
@@ -508,9 +510,11 @@ def main(flag_values, data_input):
   try:
     num_ps, num_workers = parse_spec(flag_values.local_cluster)
     check_memory(num_ps, num_workers, machine.memory_available())
-    too_many = cluster_env.too_many_replicas(flag_values.replicas_to_aggregate, num_workers)
-    if too_many:
-      raise ValueError(too_many)
+    for misfit in (cluster_env.mode_misfit(num_ps, flag_values.all_reduce),
+                   cluster_env.too_many_replicas(flag_values.replicas_to_aggregate,
+                                                 num_workers)):
+      if misfit:
+        raise ValueError(misfit)
   except ValueError as e:
     raise errors.TrainingError(str(e)) from None
   settings = trainer_settings.settings_from_flags(flag_values)

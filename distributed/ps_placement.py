@@ -9,13 +9,16 @@ MIN_PART_BYTES = 256 << 10  # a variable larger than this is split, a part per p
 
 def replica_devices(cluster, task_index):
   """The device function a worker builds under: its ops on /job:worker/task:<index>,
-  each variable on the ps task holding the fewest bytes so far.
+  each variable on the ps task holding the fewest bytes so far (without ps tasks, on
+  this worker's CPU: all-reduce's own copy).
 
   replica_device_setter's default deals the variables to the ps tasks in turn, in
   the order they are made: with 2 ps tasks every weight of this model went to one and
   every bias to the other. By size, and with local3/weights (83% of the model) split
   by partitioner(), no task holds much more than its share.
   """
+  if 'ps' not in cluster.jobs:
+    return _on_this_worker(task_index)
   loads = [0] * cluster.num_tasks('ps')
 
   def least_loaded(op):
@@ -25,6 +28,21 @@ def replica_devices(cluster, task_index):
   return tf.compat.v1.train.replica_device_setter(
       cluster=cluster, worker_device='/job:worker/task:%d' % task_index,
       ps_strategy=least_loaded)
+
+
+def _on_this_worker(task_index):
+  """Every op on /job:worker/task:<index>, variables on its CPU, a device given inside
+  (the towers', the input's) merged into it."""
+  worker = tf.DeviceSpec.from_string('/job:worker/task:%d' % task_index)
+  cpu = worker.replace(device_type='CPU', device_index=0)
+
+  def place(op):
+    node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
+    is_variable = node_def.op in ('VarHandleOp', 'VariableV2')
+    inner = tf.DeviceSpec.from_string(node_def.device or '')
+    return (cpu if is_variable and not inner.device_type else worker).make_merged_spec(
+        inner).to_string()
+  return place
 
 
 def partitioner(num_ps):

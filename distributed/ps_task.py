@@ -70,15 +70,15 @@ def job_is_over(cluster, spec, settings):
   # A ps task of the run that ended the job may still wait for this worker. Said: it
   # was a silent wait of up to FINISHED_REPORT_SECS, where no ps task is up to tell.
   if cluster.job_name == 'worker' and any(map(worker_sessions.port_answers,
-                                              spec.job_tasks('ps'))):
+                                              cluster.ps_hosts)):
     print('%s %d: telling the ps tasks at %s that it has finished, for at most %d s'
-          % (cluster.job_name, cluster.task_index, ','.join(spec.job_tasks('ps')),
+          % (cluster.job_name, cluster.task_index, ','.join(cluster.ps_hosts),
              FINISHED_REPORT_SECS), flush=True)
     try:
       server = tf.compat.v1.train.Server(spec, job_name='worker',
                                          task_index=cluster.task_index)
     except tf.errors.OpError:
       return True  # its port is taken: nothing to tell
-    ps_shutdown.report_finished(server.target, spec.num_tasks('ps'), cluster.task_index,
+    ps_shutdown.report_finished(server.target, len(cluster.ps_hosts), cluster.task_index,
                                 timeout_secs=FINISHED_REPORT_SECS)
   return True

@@ -30,7 +30,10 @@ def end(run, mode, graph, stop, progress, max_steps):
 
 
 def report_to_ps(run, stopped):
-  """Tells the ps tasks this worker has finished, or has stopped (the chief: saved)."""
+  """Tells the ps tasks this worker has finished, or has stopped (the chief: saved);
+  nothing without ps tasks (all-reduce)."""
+  if not run.ps_hosts:
+    return
   timeout_secs = STOPPED_REPORT_SECS if stopped else ps_shutdown.REPORT_TIMEOUT_SECS
   if not ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
                                      run.config, timeout_secs=timeout_secs, stopped=stopped):
@@ -49,7 +52,7 @@ def chief_failure_ends_the_job(run):
   try:
     yield
   except (errors.TrainingError, errors.DataError) as e:
-    if run.is_chief:
+    if run.is_chief and run.ps_hosts:
       ps_shutdown.report_finished(run.server.target, len(run.ps_hosts), run.task_index,
                                   run.config, timeout_secs=STOPPED_REPORT_SECS,
                                   gave_up=errors.exit_code(e))

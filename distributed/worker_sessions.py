@@ -2,7 +2,7 @@
 
 dist_train.py's workers open their sessions through these:
 
-    wait_for_ps(ps_hosts, secs, who)   # the ps ports answer, or PeerGone
+    wait_for_peers(hosts, secs, who)   # their ports answer (ps tasks, or workers), or PeerGone
     arm = start_watchdog()             # exits 138 when a wait inside TensorFlow hangs
     open_session(run, graph, ...)      # the MonitoredSession, through one of these:
     ChiefSessions(...), WorkerSessions(...)  # MonitoredSession's session creators
@@ -21,6 +21,7 @@ import threading
 import time
 
 import tensorflow as tf
+from tensorflow.python.training import monitored_session  # its base, for SessionNotReopened
 
 from training import checkpoints, errors, mixed_precision, signals, steps, summaries
 
@@ -46,28 +47,29 @@ PS_GONE_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
                   tf.errors.CancelledError, errors.PeerGone)
 
 
-def wait_for_ps(ps_hosts, timeout_secs, who, should_stop=None):
+def wait_for_peers(hosts, timeout_secs, who, should_stop=None, what='ps task'):
   """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs,
   or at once when should_stop() says this task is stopping.
 
   TensorFlow itself would wait forever, silently, to open a session on a ps task
-  that is not there.
+  that is not there. what='worker': the other workers, for all-reduce.
   """
   deadline = time.time() + timeout_secs
-  missing = list(ps_hosts)
+  missing = list(hosts)
+  flag = '--ps_hosts' if what == 'ps task' else '--worker_hosts'
   while True:
     missing = [host for host in missing if not port_answers(host)]
     if not missing:
       return
     if should_stop is not None and should_stop():
-      raise errors.PeerGone('%s was asked to stop while the ps task(s) at %s did not '
-                            'answer' % (who, ', '.join(missing)))
+      raise errors.PeerGone('%s was asked to stop while the %s(s) at %s did not '
+                            'answer' % (who, what, ', '.join(missing)))
     if time.time() > deadline:
       raise errors.PeerGone(
-          '%s waited %d s for the ps task(s) at %s: nothing accepts connections there. '
-          'Start them first (python dist_train.py --job_name=ps --task_index=i with the '
-          'same --ps_hosts and --worker_hosts), check --ps_hosts, or raise '
-          '--startup_timeout_secs.' % (who, timeout_secs, ', '.join(missing)))
+          '%s waited %d s for the %s(s) at %s: nothing accepts connections there. '
+          'Start them first (python dist_train.py --job_name=%s --task_index=i with the same '
+          '--ps_hosts and --worker_hosts), check %s, or raise --startup_timeout_secs.'
+          % (who, timeout_secs, what, ', '.join(missing), what.split()[0], flag))
     time.sleep(0.5)
 
 
@@ -103,13 +105,18 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
 
   What MonitoredTrainingSession builds, with session creators that say what
   happened and wait for the ps tasks when a session must be reopened (unless a
-  stop was asked for: then they raise errors.PeerGone at once).
+  stop was asked for: then they raise errors.PeerGone at once). Without ps tasks
+  (all-reduce) every worker initialises its own copy, and no session is reopened:
+  after a failed collective TensorFlow needs a new process.
   """
   tf.get_logger().addFilter(not_said_on_reopening)
   secs = startup_timeout_secs + WATCHDOG_SLACK_SECS
-  run.arm_watchdog(secs, '%s could not open a session with the ps tasks %s within %d s. '
+  peers = run.ps_hosts or [host for host in run.cluster.job_tasks('worker')
+                           if host != run.cluster.task_address('worker', run.task_index)]
+  run.arm_watchdog(secs, '%s could not open a session with the %s %s within %d s. '
                    'Check that they are running and reachable, or raise '
-                   '--startup_timeout_secs.' % (run.who, ','.join(run.ps_hosts), secs))
+                   '--startup_timeout_secs.' % (run.who, 'ps tasks' if run.ps_hosts else
+                                                'workers', ','.join(peers), secs))
   if run.is_chief:
     # fp16: also a float32 run's checkpoint; built before MonitoredSession finalizes the graph
     restore_fp16 = (mixed_precision.restorer(tf.compat.v1.global_variables())
@@ -120,13 +127,28 @@ def open_session(run, graph, settings, startup_timeout_secs, stop):
         scaffold=graph.scaffold, master=run.server.target, config=run.config,
         # The checkpoint start() found and read whole, not the state file's latest.
         checkpoint_filename_with_path=run.checkpoint)
+  elif not run.ps_hosts:  # its own copy, which becomes the chief's before the first step
+    creator = tf.compat.v1.train.ChiefSessionCreator(
+        scaffold=graph.scaffold, master=run.server.target, config=run.config)
   else:
     creator = WorkerSessions(
         run.who, run.ps_hosts, run.chief_host, startup_timeout_secs, run.arm_watchdog,
         graph.scaffold, run.server.target, run.config, lambda: stop.requested)
+  if not run.ps_hosts:
+    return SessionNotReopened(creator, graph.hooks, QUEUE_RUNNER_STOP_SECS)
   return tf.compat.v1.train.MonitoredSession(
       session_creator=creator, hooks=graph.hooks,
       stop_grace_period_secs=QUEUE_RUNNER_STOP_SECS)
+
+
+class SessionNotReopened(monitored_session._MonitoredSession):  # pylint: disable=protected-access
+  """MonitoredSession that lets a failed step's error through instead of opening a new
+  session (should_recover=False, as TensorFlow's SingularMonitoredSession): all-reduce's
+  collectives, once aborted by a worker's going away, stay aborted in this process."""
+
+  def __init__(self, session_creator, hooks, stop_grace_period_secs):
+    super().__init__(session_creator, hooks, should_recover=False,
+                     stop_grace_period_secs=stop_grace_period_secs)
 
 
 class ChiefSessions(tf.compat.v1.train.ChiefSessionCreator):
@@ -266,7 +288,7 @@ def say_reopening(who, ps_hosts, timeout_secs, arm_watchdog, then, should_stop):
                '%s could not open a new session with the ps tasks %s within %d s. Check '
                'that they are running, or raise --startup_timeout_secs.'
                % (who, ','.join(ps_hosts), 2 * timeout_secs + WATCHDOG_SLACK_SECS))
-  wait_for_ps(ps_hosts, timeout_secs, who, should_stop)
+  wait_for_peers(ps_hosts, timeout_secs, who, should_stop)
 
 
 class Progress:

@@ -5,6 +5,7 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
 
     mode = AsyncUpdates(run)         # each worker applies its own gradient, claiming its step
     mode = SyncUpdates(run, n)       # SyncReplicasOptimizer: the chief applies the mean of n
+    mode = all_reduce.AllReduceUpdates(run, ...)  # no ps: the workers' all-reduce (its file)
 
     mode.build(opt, grads, global_step, model, max_steps, fp16)  # the ops: an Update
     mode.shown_step(step, outcome)   # the global step the loss line names
@@ -15,12 +16,15 @@ dist_train.py's train() makes one of these once, then asks it, never the flags:
     mode.mode_line(...), mode.stuck_step_message(secs), mode.slow_step_message(secs),
     mode.ended_early_message(step, max_steps), mode.fp16_line(),
     mode.gradients_per_update, mode.update_name  # what start-up and the faults say
+    mode.step_feed(stop), mode.start_together(...), mode.after_step(...),
+    mode.stops_before_step(stop), mode.step_stopped_at(...)  # ModeDefaults: all-reduce's
 
 With --use_fp16 a gradient that overflowed is not applied: async, by the worker
 that computed it; sync, by the chief's queue runner, which checks the aggregate.
 Nothing here reads flags.
 """
 import collections
+import contextlib
 import typing
 
 import tensorflow as tf
@@ -278,6 +282,30 @@ Fp16 = collections.namedtuple('Fp16', [
 ])
 
 
+class ModeDefaults:
+  """The loop's questions that only all-reduce answers otherwise; the ps modes' answers."""
+
+  def step_feed(self, stop):
+    del stop
+    return None  # a ps mode's step takes no feed
+
+  def start_together(self, run_fetch, timeout_secs):
+    del run_fetch, timeout_secs  # the variables are the ps tasks': one copy
+
+  def after_step(self, run_fetch, outcome, timeout_secs):
+    del run_fetch, outcome, timeout_secs
+
+  def stops_before_step(self, stop):
+    return stop.requested  # the stopping worker's loop ends; the others go on
+
+  def step_stopped_at(self, match, run_fetch, run):
+    """The step the chief saves, stopped by a signal (run_match.stop_together), or None."""
+    return match.stop_together(run_fetch, run)
+
+  def peers_failing(self):
+    return contextlib.nullcontext()  # a ps task's going away: the sessions reopen
+
+
 class Outcome(typing.NamedTuple):
   """Fetched with each step; the mode that built it reads it (shown_step, applied)."""
   step_after: tf.Tensor  # int64: async, the global step this update claimed (fp16 skip:
@@ -286,6 +314,7 @@ class Outcome(typing.NamedTuple):
   skip_check: list       # fp16: async, this step's [applied, scale, new scale]; sync
                          # chief, the skips noted since its last step, [[steps], [scales],
                          # [new scales]]; else []
+  stopping: list = []    # all-reduce: float32 [workers], > 0 for each that is stopping
 
 
 class Update(typing.NamedTuple):
@@ -295,7 +324,7 @@ class Update(typing.NamedTuple):
   hooks: list            # StopAtStepHook; sync, the optimizer's (its queue runner, tokens)
 
 
-class AsyncUpdates:
+class AsyncUpdates(ModeDefaults):
   """Each worker applies its own averaged gradient, then the moving averages: one
   global step per worker step, claimed first, so exactly max_steps land."""
   gradients_per_update = 1
@@ -352,7 +381,7 @@ class AsyncUpdates:
     return None  # an async step waits for no other worker
 
   def fp16_line(self):
-    return _fp16_line('the worker that had it')
+    return loss_scale_line('the worker that had it')
 
   def mode_line(self, batch_size, num_towers):
     return ('async: each of %d workers applies its own updates of %d images (%d x %d '
@@ -360,7 +389,7 @@ class AsyncUpdates:
                          num_towers))
 
   def ended_early_message(self, step, max_steps):
-    return _ended_early(self._run, step, max_steps,
+    return ended_early(self._run, step, max_steps,
                         'the global step went back: the chief (worker 0 at %s) restored '
                         'its last checkpoint' % self._run.chief_host)
 
@@ -373,7 +402,7 @@ class AsyncUpdates:
             % (self._run.who, step_timeout_secs, ','.join(self._run.ps_hosts)))
 
 
-class SyncUpdates:
+class SyncUpdates(ModeDefaults):
   """SyncReplicasOptimizer: gradients_per_update gradients averaged per update, the
   moving averages stepped right after each update, on the chief's queue runner."""
   update_name = 'update'  # of gradients_per_update worker steps
@@ -455,7 +484,7 @@ class SyncUpdates:
                                      self._release_step)
 
   def fp16_line(self):
-    return _fp16_line('the chief')  # its queue runner checks each averaged update
+    return loss_scale_line('the chief')  # its queue runner checks each averaged update
 
   def mode_line(self, batch_size, num_towers):
     run, n = self._run, self.gradients_per_update
@@ -471,7 +500,7 @@ class SyncUpdates:
                                                    num_towers, run.num_workers, backups, how))
 
   def ended_early_message(self, step, max_steps):
-    return _ended_early(self._run, step, max_steps,
+    return ended_early(self._run, step, max_steps,
                         'the token queue on the ps tasks was closed, so no averaged update '
                         'can come (restart the ps tasks too: a restarted ps opens a new one)')
 
@@ -505,14 +534,14 @@ class SyncUpdates:
         'its' if len(missing) == 1 else 'their', step + 1)
 
 
-def _fp16_line(halved_by):
+def loss_scale_line(halved_by):
   return ('float16 towers, float32 variables; dynamic loss scale from %g on the ps, shared '
           'by the workers (a resumed run keeps its own), doubled after %d clean updates, '
           'halved on an overflow by %s' % (mixed_precision.INITIAL_LOSS_SCALE,
                                            mixed_precision.LOSS_SCALE_PERIOD, halved_by))
 
 
-def _ended_early(run, step, max_steps, why):
+def ended_early(run, step, max_steps, why):
   """Why a worker's loop ended below max_steps though no signal stopped it."""
   return ('%s: training ended at global step %d, below --max_steps=%d, and no signal '
           'stopped it: %s. Restart this task with the same command; it rejoins.'

@@ -1,0 +1,266 @@
+"""Synchronous training without ps tasks: every worker keeps its own copy of the
+variables, and the workers average their gradients by TensorFlow's collective
+all-reduce, so that every copy takes the same update.
+
+dist_train.py --all_reduce makes the mode once and asks it what worker_updates'
+modes answer (see there), and:
+
+    mode = AllReduceUpdates(run, save_every_n_steps)
+    mode.step_feed(stop)              # each step says whether this worker is stopping
+    mode.start_together(run_fetch)    # before the first step: the chief's variables to all
+    mode.after_step(run_fetch, outcome)  # the stop all agreed on; the copies compared
+    mode.stops_before_step(stop)      # the loop ends after the step all agreed on
+
+Each step is one all-reduce (mean) of one vector: this worker's gradient, its towers
+averaged first (multi_gpu_train.py's average_gradients), every variable's flattened
+into one, and a flag per worker that says it is stopping. Every worker sums the same
+numbers in the same order, so every copy applies the same update, bit for bit; the
+copies are compared anyway at each save (compare_copies). A worker's ports must reach
+every other worker's: the ring sends each a share of the others' gradients.
+
+A worker that goes away fails the others' next step, at once when its process has
+gone (UnavailableError), at --step_timeout_secs when it hangs; TensorFlow's collective
+executor is then aborted for the life of the process (its own words: "Restart your
+program to reset"), so the others exit PEER_GONE_EXIT_CODE, and the job is rerun with
+the same commands: the chief restores its checkpoint and sends it to every worker.
+Nothing here reads flags.
+"""
+import contextlib
+import re
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops  # tf.raw_ops' without its keys' bookkeeping
+
+from distributed import worker_sessions, worker_updates
+from training import errors, mixed_precision, steps, updates
+
+GROUP_KEY = 1                # the collective group: every worker of the job
+FROM_CHIEF_KEY = 1           # the collectives' instance keys, one per op: the start's ...
+GRADIENTS_KEY = 2            # ... each step's ...
+COMPARE_KEY = 3              # ... and each save's comparison of the copies
+# What a collective raises once a worker has gone away (or since, once aborted).
+PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+               tf.errors.InternalError)
+
+
+def chief_device_scope():
+  """Where the shared run state of run_match (what the chief trains, who joined) lives
+  without ps tasks: on the chief's CPU, which every worker reaches."""
+  return tf.compat.v1.device('/job:worker/task:0/cpu:0')
+
+
+def mean_of_workers(grads_and_vars, flags, num_workers):
+  """([(the mean over the workers of each gradient, variable)], the mean of `flags`).
+
+  One collective all-reduce of every gradient and the flags in one float32 vector: the
+  ring moves 2 (n - 1) / n of its 4.27 MB through each worker's link per step.
+  """
+  grads = [grad for grad, _ in grads_and_vars]
+  for grad, var in grads_and_vars:
+    if isinstance(grad, tf.IndexedSlices):
+      raise ValueError('%s has a sparse gradient; all-reduce sends dense ones' % var.name)
+  packed = tf.concat([tf.reshape(grad, [-1]) for grad in grads] + [flags], 0)
+  mean = collective_ops.all_reduce(packed, num_workers, GROUP_KEY, GRADIENTS_KEY,
+                                   merge_op='Add', final_op='Div')
+  parts = tf.split(mean, [grad.shape.num_elements() for grad in grads] + [num_workers])
+  return ([(tf.reshape(part, grad.shape), var)
+           for part, (grad, var) in zip(parts, grads_and_vars)], parts[-1])
+
+
+def from_chief(variables, is_chief, num_workers):
+  """An op setting every worker's `variables` to the chief's: an all-reduce (sum) to which
+  the chief gives its values and every other worker zeros, in float64, exact for the
+  float32 weights and the int64 global step alike."""
+  flat = [tf.reshape(tf.cast(var.read_value(), tf.float64), [-1]) for var in variables]
+  sizes = [var.shape.num_elements() for var in variables]
+  own = tf.concat(flat, 0) if is_chief else tf.zeros([sum(sizes)], tf.float64)
+  chiefs = collective_ops.all_reduce(own, num_workers, GROUP_KEY, FROM_CHIEF_KEY,
+                                     merge_op='Add', final_op='Id')
+  return tf.group(*[var.assign(tf.cast(tf.reshape(part, var.shape), var.dtype.base_dtype))
+                    for part, var in zip(tf.split(chiefs, sizes), variables)],
+                  name='variables_from_chief')
+
+
+def compare_copies(variables, num_workers):
+  """(this worker's checksum of `variables`, [the largest of all workers', minus the
+  smallest]): the copies are the same where both equal it. The checksum is the sum of
+  every float32's bits read as an int32 (and every integer), in float64: exact, and
+  moved by any one bit of any variable."""
+  sums = []
+  for var in variables:
+    value = var.read_value()
+    if value.dtype == tf.float32:
+      value = tf.bitcast(value, tf.int32)
+    sums.append(tf.reduce_sum(tf.cast(value, tf.float64)))
+  checksum = tf.add_n(sums)
+  extremes = collective_ops.all_reduce(tf.stack([checksum, -checksum]), num_workers,
+                                       GROUP_KEY, COMPARE_KEY, merge_op='Max', final_op='Id')
+  return checksum, extremes
+
+
+class AllReduceUpdates(worker_updates.ModeDefaults):
+  """Every worker applies the mean of all workers' gradients to its own variables, then
+  its moving averages, then counts the update: one global step per step, the same on
+  every worker."""
+  update_name = 'update'  # of num_workers worker steps
+
+  def __init__(self, run, save_every_n_steps):
+    self._run = run  # dist_train.py's WorkerRun
+    self.gradients_per_update = run.num_workers
+    self._save_every_n_steps = save_every_n_steps
+    self._stopping = self._from_chief = self._compare = None  # made by build()
+    self.stopped_by = []   # the workers whose stop ended the loop, once all agreed on it
+
+  def build(self, opt, grads, global_step, model, max_steps, fp16=None):
+    """The all-reduce, then the update; an Update.
+
+    fp16 (worker_updates.Fp16): every worker checks the mean, not its own gradient, so
+    all skip the same updates (an inf or NaN anywhere is in the mean) and keep the
+    same loss scale.
+    """
+    run = self._run
+    n = run.num_workers
+    self._stopping = tf.compat.v1.placeholder_with_default(tf.zeros([n]), [n],
+                                                           name='workers_stopping')
+    mean, stopping = mean_of_workers(grads, self._stopping, n)
+    apply_fn = lambda: updates.apply_average_count(opt, mean, global_step, model)
+    skip_check = []
+    if fp16:
+      update = mixed_precision.apply_or_skip(apply_fn, mixed_precision.all_finite(mean),
+                                             fp16.loss_scale, fp16.scale)
+      train_op, skip_check = update.train_op, list(update[1:])
+    else:
+      train_op = apply_fn()
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(global_step.read_value())
+    copies = tf.compat.v1.global_variables()  # the model, its averages, the step, fp16's scale
+    self._from_chief = from_chief(copies, run.is_chief, n)
+    self._compare = compare_copies(copies, n)
+    # Every copy reaches max_steps at the same step: the hook stops them together.
+    return worker_updates.Update(
+        train_op, worker_updates.Outcome(step_after, skip_check, stopping),
+        [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)])
+
+  def step_feed(self, stop):
+    """This step's flags: this worker's set once it is asked to stop."""
+    if not stop.requested:
+      return None
+    flags = np.zeros([self._run.num_workers], np.float32)
+    flags[self._run.task_index] = 1
+    return {self._stopping: flags}
+
+  def wait_for_workers(self, match, run_fetch, timeout_secs, should_stop):
+    """The chief, before the first step: every worker joined (or one refused, named)."""
+    if self._run.is_chief and self._run.num_workers > 1:
+      match.wait_for_workers(run_fetch, self._run.who, timeout_secs, should_stop)
+
+  def start_together(self, run_fetch, timeout_secs):
+    """Every worker, before its first step: its variables become the chief's (restored
+    or initialised), so that every copy starts from the same point."""
+    run = self._run
+    run_fetch(self._from_chief, options=tf.compat.v1.RunOptions(
+        timeout_in_ms=timeout_secs * 1000))
+    print('%s: %s' % (run.who, 'its variables sent to every worker' if run.is_chief else
+                      'its variables are the chief\'s'), flush=True)
+
+  def after_step(self, run_fetch, outcome, timeout_secs):
+    """After each step: the stop all agreed on, and at each save step the copies
+    compared. errors.TrainingError when they differ."""
+    self.stopped_by = [i for i, flag in enumerate(outcome.stopping) if flag > 0]
+    step = outcome.step_after
+    if step % self._save_every_n_steps and not self.stopped_by:
+      return
+    checksum, extremes = run_fetch(self._compare, options=tf.compat.v1.RunOptions(
+        timeout_in_ms=timeout_secs * 1000))
+    highest, lowest = extremes[0], -extremes[1]
+    if highest != lowest:
+      raise errors.TrainingError(
+          '%s: the workers\' copies of the variables differ after global step %d (checksums '
+          '%r to %r, this worker\'s %r): an update was not the same on every worker. Rerun '
+          'the same commands: every worker starts again from the chief\'s checkpoint.'
+          % (self._run.who, step, lowest, highest, checksum))
+
+  def stops_before_step(self, stop):
+    del stop  # a stopping worker's next step carries its flag to the others
+    return bool(self.stopped_by)
+
+  def shown_step(self, step, outcome):
+    del step
+    return outcome.step_after
+
+  def applied(self, outcome):
+    """fp16: False, having said so, when the mean overflowed (on every worker alike)."""
+    if outcome.skip_check and not outcome.skip_check[0]:
+      steps.check_skip(outcome.step_after + 1, *outcome.skip_check[1:])
+      return False
+    return True
+
+  def handed_own_token(self, step, outcome):
+    del step, outcome
+    return False  # no tokens: a step returns when every worker's gradient is in
+
+  def release_workers(self, sess):
+    del sess  # every copy reaches max_steps at the same step
+
+  def release_stopping_step(self):
+    return None  # a stopping worker's step returns with the others' (or fails)
+
+  def step_stopped_at(self, match, run_fetch, run):
+    del match, run_fetch, run
+    return None  # every copy stopped after the same update: this worker's global step
+
+  def fp16_line(self):
+    return worker_updates.loss_scale_line('every worker alike, from the mean')
+
+  def mode_line(self, batch_size, num_towers):
+    n = self._run.num_workers
+    return ('all-reduce: each update averages %d gradients of %d images (%d x %d towers), '
+            'one from each worker, by a collective all-reduce between the workers (no ps '
+            'task); every worker applies it to its own copy of the variables, so a worker '
+            'that goes away stops the others at once, or at --step_timeout_secs'
+            % (n, batch_size * num_towers, batch_size, num_towers))
+
+  def ended_early_message(self, step, max_steps):
+    if self.stopped_by:
+      why = ('worker(s) %s were stopped by a signal, and every worker stopped after the '
+             'same update, which the chief saved' % ', '.join(map(str, self.stopped_by)))
+    else:
+      why = 'the chief ended the session'
+    return worker_updates.ended_early(self._run, step, max_steps, why)
+
+  @contextlib.contextmanager
+  def peers_failing(self):
+    """Around the session: a collective failed by a worker's going away is PeerGone, in
+    one line naming the workers that no longer answer."""
+    try:
+      yield
+    except PEER_ERRORS as e:
+      raise errors.PeerGone(self._peer_gone_message(e)) from None
+
+  def _peer_gone_message(self, e):
+    run = self._run
+    workers = run.cluster.job_tasks('worker')
+    gone = ['worker %d (%s)' % (i, host) for i, host in enumerate(workers)
+            if i != run.task_index and not worker_sessions.port_answers(host)]
+    said = re.search(r'(Socket closed|Connection refused|aborted by: [^\n]*|'
+                     r'Failed to connect[^\n]*)', str(e))
+    return ('%s: a step\'s all-reduce failed (%s: %s): %s. TensorFlow\'s collectives cannot go '
+            'on in this process: restart every worker with the same command; they resume '
+            'from the chief\'s checkpoint.' % (
+                run.who, type(e).__name__, said.group(1) if said else errors.one_line(e),
+                '%s no longer answer%s' % (', '.join(gone), 's' * (len(gone) == 1)) if gone
+                else 'every worker\'s port still answers: one of them failed (its log says '
+                'why)'))
+
+  def stuck_step_message(self, secs):
+    return ('%s: a step has not returned in %d s and TensorFlow did not time it out: the '
+            'workers %s stopped answering. Restart every worker with the same command.'
+            % (self._run.who, secs, ','.join(self._run.cluster.job_tasks('worker'))))
+
+  def slow_step_message(self, step_timeout_secs):
+    return ('%s: the all-reduce of a step took more than --step_timeout_secs=%d: a worker '
+            'of %s has stopped or is cut off. Restart every worker with the same command '
+            '(each resumes from the chief\'s checkpoint), or raise --step_timeout_secs.'
+            % (self._run.who, step_timeout_secs,
+               ','.join(self._run.cluster.job_tasks('worker'))))
