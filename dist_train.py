@@ -301,9 +301,13 @@ def print_start(run, mode, settings, model, epoch, examples_per_update):
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
       run.who, run.num_workers, run.where))
-  print('ps tasks %s hold %d trainable parameters%s' % (
-      ','.join(run.ps_hosts), startup.num_parameters(),
-      ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
+  if run.ps_hosts:
+    print('ps tasks %s hold %d trainable parameters%s' % (
+        ','.join(run.ps_hosts), startup.num_parameters(),
+        ps_placement.bytes_by_ps_task(len(run.ps_hosts))))
+  else:
+    print('each of the %d workers holds its own copy of the %d trainable parameters' % (
+        run.num_workers, startup.num_parameters()))
   print(mode.mode_line(batch_size, num_towers))
   decay_steps = updates.decay_steps(examples_per_update, epoch.count, model)
   startup.print_schedule(decay_steps, epoch, examples_per_update, mode.update_name, model,
@@ -390,7 +394,7 @@ def run_step(sess, run, mode, graph, step_timeout_secs, feed_dict=None):
   """One worker step under the watchdog and the step timeout: (loss, outcome), or None
   on OutOfRangeError: async, the other workers have claimed the last updates; sync,
   the token queue on the ps was closed (train() says so)."""
-  secs = step_timeout_secs + worker_sessions.STEP_SLACK_SECS
+  secs = step_timeout_secs + mode.step_slack_secs
   run.arm_watchdog(secs, mode.stuck_step_message(secs))
   options = tf.compat.v1.RunOptions(timeout_in_ms=step_timeout_secs * 1000)
   try:

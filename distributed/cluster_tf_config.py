@@ -144,7 +144,8 @@ def _tf_config_cluster(jobs, task_type, task_id):
   elif job_name == 'worker' and task_index == 0:
     this += ' (the chief)'
   description = 'cluster from TF_CONFIG: %s; this task: %s' % (', '.join(counts), this)
-  return Cluster(jobs['ps'], worker_hosts, job_name, task_index, 'TF_CONFIG', description)
+  return Cluster(jobs.get('ps', []), worker_hosts, job_name, task_index, 'TF_CONFIG',
+                 description)
 
 
 def _named(job):

@@ -284,6 +284,7 @@ Fp16 = collections.namedtuple('Fp16', [
 
 class ModeDefaults:
   """The loop's questions that only all-reduce answers otherwise; the ps modes' answers."""
+  step_slack_secs = worker_sessions.STEP_SLACK_SECS  # a step's watchdog, past its timeout
 
   def step_feed(self, stop):
     del stop

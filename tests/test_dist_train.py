@@ -36,7 +36,7 @@ from distributed import chief, local_cluster, ps_placement, worker_updates
 import cifar10
 import mnist
 import multi_gpu_train
-from training import checkpoints, run_record, updates
+from training import run_record, updates
 
 
 def start_together(launcher, num_workers):
@@ -92,25 +92,12 @@ def two_worker_run(start, train_dir, *flags):
   return launcher.lines
 
 
-def write_start_checkpoint(train_dir):
-  """Writes model.ckpt-0 of a fresh CIFAR-10 model, its initial weights seeded: the same
-  values at every call, so runs made by separate fixtures start from one point."""
-  with tf.Graph().as_default():
-    tf.compat.v1.set_random_seed(1)
-    batch = (tf.zeros([8, 24, 24, 3]), tf.zeros([8], tf.int32))
-    multi_gpu_train.build(lambda: batch, ['/cpu:0'], 8, cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
-                          summaries=False)
-    with tf.compat.v1.Session() as sess:
-      sess.run(tf.compat.v1.global_variables_initializer())
-      checkpoints.save_checkpoint(sess, checkpoints.make_saver(), str(train_dir), 0, keep=1)
-
-
 @pytest.fixture(scope='module')
 def async_run(module_tasks, tmp_path_factory):
   """1 ps + 2 async workers on the same synthetic batch, from the start checkpoint to
   MAX_STEPS."""
   train_dir = tmp_path_factory.mktemp('async')
-  write_start_checkpoint(train_dir)
+  helpers.write_start_checkpoint(train_dir)
   return str(train_dir), two_worker_run(module_tasks, train_dir, '--summary_steps=10')
 
 
@@ -118,7 +105,7 @@ def async_run(module_tasks, tmp_path_factory):
 def sync_run(module_tasks, tmp_path_factory):
   """1 ps + 2 sync workers, from the start checkpoint to MAX_STEPS."""
   train_dir = tmp_path_factory.mktemp('sync')
-  write_start_checkpoint(train_dir)
+  helpers.write_start_checkpoint(train_dir)
   return str(train_dir), two_worker_run(module_tasks, train_dir, '--summary_steps=0',
                                         '--sync_replicas', '--log_frequency=10')
 
@@ -127,7 +114,7 @@ def sync_run(module_tasks, tmp_path_factory):
 def one_process_run(tmp_path_factory):
   """multi_gpu_train.py, one tower, from the start checkpoint on the same batch."""
   train_dir = tmp_path_factory.mktemp('one_process')
-  write_start_checkpoint(train_dir)
+  helpers.write_start_checkpoint(train_dir)
   multi_gpu_train.train(helpers.trainer_settings(
       str(train_dir), '', synthetic=True, max_steps=MAX_STEPS, batch_size=8, summary_steps=0))
   return str(train_dir)

@@ -128,3 +128,20 @@ def modes(root):
       path = os.path.join(directory, name)
       found[os.path.relpath(path, root)] = os.stat(path).st_mode & 0o777
   return found
+
+
+def write_start_checkpoint(train_dir):
+  """Writes model.ckpt-0 of a fresh CIFAR-10 model, its initial weights seeded: the same
+  values at every call, so runs made by separate fixtures start from one point."""
+  import tensorflow as tf
+  import cifar10
+  import multi_gpu_train
+  from training import checkpoints
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    batch = (tf.zeros([8, 24, 24, 3]), tf.zeros([8], tf.int32))
+    multi_gpu_train.build(lambda: batch, ['/cpu:0'], 8, cifar10.NUM_EXAMPLES_PER_EPOCH_FOR_TRAIN,
+                          summaries=False)
+    with tf.compat.v1.Session() as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      checkpoints.save_checkpoint(sess, checkpoints.make_saver(), str(train_dir), 0, keep=1)
