@@ -72,8 +72,9 @@ def check(cluster, jobs=None, named=None, bad_port=None):
     ClusterError: one line naming the flag or variable to fix, the value, and how.
   """
   if jobs is None:  # no ps tasks: all-reduce's (dist_train.py checks the mode fits)
-    jobs = dict({'worker': cluster.worker_hosts},
-                **{'ps': cluster.ps_hosts} if cluster.ps_hosts else {})
+    jobs = {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}
+    if not cluster.ps_hosts:
+      del jobs['ps']
   named = named or (lambda job: '--%s_hosts' % job)
   source = cluster.source
   seen = {}  # (host, port) -> (job, index) of the first task there

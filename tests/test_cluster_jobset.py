@@ -36,6 +36,12 @@ def test_from_jobset_worker_index_0_is_the_chief_hosts_are_pod_dns_names():
       '(pod cifar10-dist-worker-0-0)')
 
 
+def test_from_jobset_without_ps_is_a_cluster_of_workers_only():
+  # NUM_PS=0: --all_reduce's (dist_train.py says whether the mode fits).
+  cluster = cluster_jobset.from_jobset(jobset('worker', 1, num_ps=0))
+  assert (cluster.ps_hosts, cluster.worker_hosts, cluster.task_index) == ([], JS_WORKERS, 1)
+
+
 def test_from_jobset_worker_and_ps_same_hosts_own_role_and_index():
   worker = cluster_jobset.from_jobset(jobset('worker', 2))
   ps = cluster_jobset.from_jobset(jobset('ps', 0))
@@ -85,9 +91,9 @@ def test_from_jobset_every_task_same_hosts_distinct_indexes():
     ('worker', 0, {'REPLICATED_JOB_REPLICAS': '2'},
      'REPLICATED_JOB_REPLICAS=2: the worker replicatedJob makes 2 Jobs; give it replicas: 1 '
      'and its tasks as completions and parallelism of one Indexed Job'),
-    ('worker', 0, {'NUM_PS': '0'},
-     'NUM_PS=0: the cluster needs at least 1 ps task; set it to the ps replicatedJob\'s '
-     'completions'),
+    ('worker', 0, {'NUM_WORKERS': '0'},
+     'NUM_WORKERS=0: the cluster needs at least 1 worker task; set it to the worker '
+     'replicatedJob\'s completions'),
     ('ps', 0, {'NUM_WORKERS': 'three'},
      'NUM_WORKERS=\'three\' is not a whole number; it comes from the manifest: the worker '
      'replicatedJob\'s completions'),
@@ -99,7 +105,7 @@ def test_from_jobset_every_task_same_hosts_distinct_indexes():
      'containerPort every task listens on'),
 ], ids=['no_completion_index', 'blank_jobset_name', 'no_port', 'index_not_int',
         'index_negative', 'worker_index_past_count', 'ps_index_past_count', 'unknown_role',
-        'two_jobs_per_role', 'no_ps', 'count_not_int', 'port_past_65535', 'port_not_int'])
+        'two_jobs_per_role', 'no_worker', 'count_not_int', 'port_past_65535', 'port_not_int'])
 def test_from_jobset_broken_raises_one_line_naming_variable_value_and_fix(role, index, change,
                                                                           expected):
   with pytest.raises(errors.ClusterError) as raised:

@@ -95,8 +95,6 @@ GOOD = {'ps': [PS], 'worker': [W0]}
                  'task': {'type': 'worker', 'index': 0}}), 'names 2 chiefs (c:1, m:1)'),
     (json.dumps({'cluster': dict(GOOD, chief=['c:1', 'd:1']),
                  'task': {'type': 'chief', 'index': 0}}), 'names 2 chiefs'),
-    (json.dumps({'cluster': {'worker': [W0]}, 'task': {'type': 'worker', 'index': 0}}),
-     'has no "ps" task'),
     (json.dumps({'cluster': GOOD, 'task': {'index': 0}}), 'lacks "type"'),
     (json.dumps({'cluster': GOOD, 'task': {'type': 'worker'}}), 'lacks "index"'),
     (json.dumps({'cluster': GOOD, 'task': {'type': 'worker', 'index': 'one'}}),
@@ -107,7 +105,7 @@ GOOD = {'ps': [PS], 'worker': [W0]}
                  'task': {'type': 'worker', 'index': 0}}), 'skips task indexes'),
     (json.dumps({'cluster': {'ps': [], 'worker': [W0]}, 'task': {'type': 'worker',
                                                                  'index': 0}}),
-     'has no "ps" task'),
+     '"cluster" job "ps" lists no task; give it its tasks\' "host:port", or leave the job out'),
     (json.dumps({'cluster': {'ps': [PS], 'chief': [CHIEF], 'worker': []},
                  'task': {'type': 'chief', 'index': 0}}),
      '"cluster" job "worker" lists no task; give it its tasks\' "host:port", or leave the job '
@@ -127,7 +125,7 @@ GOOD = {'ps': [PS], 'worker': [W0]}
      'ps 0 and worker 0 are both at 127.0.0.1:2222 and localhost:2222, one port of one '
      'machine'),
 ], ids=['not_json', 'not_object', 'no_cluster', 'no_task', 'index_past_end', 'index_negative',
-        'unknown_type', 'unknown_job', 'chief_and_master', 'two_chiefs', 'no_ps', 'no_type',
+        'unknown_type', 'unknown_job', 'chief_and_master', 'two_chiefs', 'no_type',
         'no_index', 'index_not_int', 'hosts_not_list', 'sparse_indexes', 'empty_ps',
         'empty_worker', 'port_past_65535', 'no_port', 'chief_and_worker_one_host_port',
         'ps_and_worker_one_loopback_port'])
@@ -185,3 +183,10 @@ def test_check_agrees_tf_config_disagreeing_flag_raises_naming_both(flag, expect
   with pytest.raises(errors.ClusterError) as raised:
     cluster_env.check_agrees(cluster, **flag)
   assert str(raised.value) == expected
+
+
+def test_from_tf_config_without_ps_is_a_cluster_of_workers_only():
+  # --all_reduce's: dist_train.py says whether the mode fits (cluster_env.mode_misfit).
+  cluster = cluster_tf_config.from_tf_config({'TF_CONFIG': json.dumps(
+      {'cluster': {'chief': [W0], 'worker': [W1]}, 'task': {'type': 'worker', 'index': 0}})})
+  assert (cluster.ps_hosts, cluster.worker_hosts, cluster.task_index) == ([], [W0, W1], 1)
