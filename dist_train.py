@@ -214,6 +214,8 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input, stop):
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
   config = placement.session_config(num_cpu_devices, settings.session)
   ps_hosts = cluster.job_tasks('ps') if 'ps' in cluster.jobs else []
+  if settings.use_bf16:
+    mixed_precision.bfloat16_in_a_cluster(config)
   if worker.all_reduce:  # every worker reaches every other: the ring passes through each
     config.experimental.collective_group_leader = '/job:worker/replica:0/task:0'
     config.device_filters.append('/job:worker')

@@ -46,6 +46,7 @@ skip, so it is not used here.
 import collections
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2  # RewriterConfig's enums
 
 from training import machine
 
@@ -164,6 +165,19 @@ def read_once(loss_scale):
     LossScale whose scale is a float32 scalar tensor, loss_scale/snapshot.
   """
   return loss_scale._replace(scale=tf.identity(loss_scale.scale, name='snapshot'))
+
+
+def bfloat16_in_a_cluster(config):
+  """Turns grappler's remapper off in a distributed worker's ConfigProto, for --use_bf16.
+
+  The remapper fuses a convolution with its bias (and ReLU) into _FusedConv2D, whose
+  bfloat16 kernel is oneDNN's, which TensorFlow's oneDNN pass substitutes in a local
+  session. A worker of a cluster gets the fused op but not the substitution: every
+  CIFAR-10 step failed, `Value for attr 'T' of bfloat16 is not in the list of allowed
+  values` (TensorFlow 2.21, AVX512_BF16, 2026-12-02; MNIST has no convolution). Without
+  the fusion the convolutions, biases and ReLUs run as oneDNN's own bfloat16 ops.
+  """
+  config.graph_options.rewrite_options.remapping = rewriter_config_pb2.RewriterConfig.OFF
 
 
 def all_finite(grads_and_vars):
