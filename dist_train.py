@@ -455,8 +455,9 @@ def check_flags(flag_values):
       raise errors.TrainingError('--%s is a multi_gpu_train.py flag that dist_train.py '
                                  'does not take: %s.' % (name, why))
   trainer_settings.apply_dataset_defaults(flag_values, DATASET_DEFAULTS)
+  # --num_ps may be 0 (all-reduce): cluster_slurm checks it.
   trainer_settings.check_trainer_flags(flag_values, also_positive=(
-      'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs', 'num_ps'))
+      'startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'))
   task_cluster.check_flags(flag_values)
   for name in ('startup_timeout_secs', 'step_timeout_secs', 'eval_interval_secs'):
     if flag_values[name].value > evaluation.MAX_EVAL_INTERVAL_SECS:

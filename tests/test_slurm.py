@@ -324,3 +324,19 @@ def test_train_sbatch_two_jobs_flags_after_script_one_node_reserved_ports_both_c
   # They ran side by side: each started before the other ended.
   assert infos[1]['StartTime'] < infos[0]['EndTime'] and (
       infos[0]['StartTime'] < infos[1]['EndTime']), infos
+
+
+def test_train_sbatch_all_reduce_without_ps_every_task_a_worker_completes(submit, tmp_path):
+  # train.sbatch's own command, --num_ps=0 --all_reduce after the script's name: the
+  # step's 3 tasks are 3 workers, rank 0 the chief, averaging by all-reduce.
+  train_dir = tmp_path / 'train'
+  job = submit(flags=STEADY_FLAGS + ['--num_ps=0', '--all_reduce', '--max_steps=300',
+                                     '--train_dir=%s' % train_dir])
+  info = job.wait_end()
+  assert (info['JobState'], info['ExitCode']) == ('COMPLETED', '0:0'), job.log()
+  assert job.task_exits() == {} and 'Traceback' not in job.text, job.log()
+  for rank in range(TASKS):
+    done = helpers.matches(DONE_LINE, job.lines(rank))
+    assert [(m.group(1), m.group(3)) for m in done] == [(str(rank), '300')], job.log()
+  assert re.search(r'cluster from Slurm \(SLURM_\*\): 0 ps, 3 workers', job.text), job.log()
+  assert helpers.global_step(train_dir) == 300
