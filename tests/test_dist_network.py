@@ -1,7 +1,7 @@
 """dist_train.py's tasks at addresses of their own, on links that fail as networks do.
 
 Each task (1 ps, 2 workers) runs in a network namespace of its own on a bridge, all of
-it inside one private namespace (helpers/netlab.py): a lost peer is not a refused
+it inside one private namespace (benchmarks/netlab.py): a lost peer is not a refused
 connection within milliseconds, as on 127.0.0.1, but packets dropped (iptables DROP),
 connections reset (REJECT with tcp-reset) or a link down, over links shaped by tbf.
 Skipped, saying why, where the namespaces cannot be made (not root, no iptables).
@@ -14,7 +14,7 @@ import pytest
 
 import helpers
 from helpers import QUICK_FLAGS, STEADY_FLAGS, WORKER_LOSS_LINE, step_at_least
-from helpers import netlab
+from benchmarks import netlab
 from distributed import local_cluster
 from distributed.worker_sessions import STEP_SLACK_SECS
 

@@ -78,7 +78,7 @@ def script_of(argv):
 
 def netns_of(argv):
   """(PATH, the program's argv) for `nsenter --net=PATH -- program...` (a host of
-  netlab.py's), else (None, argv)."""
+  benchmarks/netlab.py's), else (None, argv)."""
   if len(argv) > 3 and argv[0] == 'nsenter' and argv[1].startswith('--net=') and (
       argv[2] == '--'):
     return argv[1][len('--net='):], list(argv[3:])

@@ -149,7 +149,7 @@ def start(argv, env=None, cwd=ROOT, new_session=False, file_size_limit=None, fre
   A project script run with this Python is forked from a server that has imported
   TensorFlow (forkserver.py), unless fresh=True or its import-time environment differs
   from this process's own: then, and for anything else, a fresh process. Under
-  `nsenter --net=PATH --` (netlab.py's hosts), the forked program joins that namespace.
+  `nsenter --net=PATH --` (benchmarks/netlab.py's hosts), the forked program joins that namespace.
   """
   env = user_env() if env is None else env
   # A --local_cluster launcher forks its tasks (local_cluster.start_tasks).

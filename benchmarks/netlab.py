@@ -1,4 +1,5 @@
-"""A test network: tasks at addresses of their own, on links that can be shaped and cut.
+"""A test network: tasks at addresses of their own, on links that can be shaped and cut
+(tests/test_dist_network.py's faults, and python -m benchmarks.net_rows's shaped links).
 
 Everything lives inside one private network namespace (the lab), made by `unshare
 --net --mount` and held by a process of its own, so that nothing the tests do reaches
@@ -19,6 +20,7 @@ This kernel has no netem (`tc ... netem` says 'Specified qdisc kind is unknown')
 delay or loss of its own, only what tbf's queue does (available() says what is missing).
 Needs root, iproute2 (ip, tc) and iptables; .ci/run installs iptables.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -135,6 +137,12 @@ class Lab:
     self.run('tc', 'qdisc', 'replace', 'dev', host.outside, *tbf)
     self.run('ip', 'netns', 'exec', host.name, 'tc', 'qdisc', 'replace', 'dev', host.inside,
              *tbf)
+
+  def link_bytes(self, host):
+    """(bytes sent, bytes received) so far on the host's interface."""
+    stats = json.loads(self.run('ip', '-n', host.name, '-j', '-s', 'link', 'show',
+                                host.inside))[0]['stats64']
+    return stats['tx']['bytes'], stats['rx']['bytes']
 
   def stop(self):
     self._holder.kill()

@@ -1,0 +1,214 @@
+"""python -m benchmarks.net_rows: the distributed modes where the network is the limit.
+
+Each task of a job runs at an address of its own in a private test network
+(benchmarks/netlab.py: one namespace per task on a bridge, all inside one private
+namespace, so nothing reaches a real network), every task's link shaped both ways by
+tbf to the rate given, or left unshaped. For each rate, mode and worker count one job of
+`dist_train.py` (CIFAR-10, --synthetic, one tower a worker) runs past its warm-up; then,
+over the next --steps global steps, this reads from the chief's loss lines and the
+links' own counters:
+  ex/s         examples a second of all workers together (global steps x examples each)
+  MB/update    the bytes of one update through the busiest link, in its busier direction
+  bound        the examples a second that link's rate allows at those bytes (rate / bytes
+               x examples per update); ours as a share of it
+Then multi_gpu_train.py with as many towers as workers, unshaped (nothing to send), for
+the all-reduce target: within 10% of it.
+
+    python -m benchmarks.net_rows                                  # the whole table
+    python -m benchmarks.net_rows --rates 200mbit --workers 2      # one row per mode
+
+Needs root, iproute2 and iptables (netlab.available() says what is missing). Every task
+shares this machine's cores: at 4 workers on 2 cores the unshaped rows measure the
+cores, not the network.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from benchmarks import netlab
+from benchmarks.loss_lines import LOSS_LINE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PORT = 2222                  # every task's port, each at an address of its own
+RUN_TIMEOUT_SECS = 900       # one job, start to its last measured step
+MODES = {'async ps': ['--local_ps'], 'sync ps': ['--local_ps', '--sync_replicas'],
+         'all-reduce': ['--all_reduce']}  # --local_ps: this file's mark, not a flag
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(prog='python -m benchmarks.net_rows', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--rates', default='unshaped,1gbit,200mbit',
+                      help='link rates, tc\'s words, or unshaped; comma-separated')
+  parser.add_argument('--workers', default='2,4', help='worker counts, comma-separated')
+  parser.add_argument('--modes', default=','.join(MODES), help='of: ' + ', '.join(MODES))
+  parser.add_argument('--batch_size', type=int, default=32, help='images per worker step')
+  parser.add_argument('--warmup', type=int, default=5, help='global steps before measuring')
+  parser.add_argument('--steps', type=int, default=20, help='global steps measured')
+  return parser.parse_args(argv)
+
+
+def rate_bytes_per_sec(rate):
+  """'200mbit' -> 25e6; 'unshaped' -> None."""
+  if rate == 'unshaped':
+    return None
+  units = {'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9}
+  for unit, scale in units.items():
+    if rate.endswith(unit):
+      return float(rate[:-len(unit)]) * scale / 8
+  raise SystemExit('error: --rates: %r is not unshaped or a rate such as 200mbit' % rate)
+
+
+def job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args):
+  job_name, index = task
+  flags = [f for f in MODES[mode] if f != '--local_ps']
+  return [sys.executable, '-u', os.path.join(ROOT, 'dist_train.py'), '--job_name=' + job_name,
+          '--task_index=%d' % index, '--ps_hosts=' + ','.join(ps_hosts),
+          '--worker_hosts=' + ','.join(worker_hosts), '--allow_nonloopback_hosts',
+          '--synthetic', '--batch_size=%d' % args.batch_size, '--log_frequency=1',
+          '--summary_steps=0', '--save_every_n_steps=1000000000', '--max_steps=1000000000',
+          '--train_dir=' + train_dir, '--startup_timeout_secs=300',
+          '--step_timeout_secs=600'] + flags
+
+
+def run_job(lab, mode, num_workers, rate, args):
+  """One job in the lab, every link at rate; returns its row (a dict)."""
+  uses_ps = '--local_ps' in MODES[mode]
+  tasks = ([('ps', 0)] if uses_ps else []) + [('worker', i) for i in range(num_workers)]
+  hosts = {task: lab.add_host('%s%d-%d' % (task[0], task[1], len(lab.hosts)))
+           for task in tasks}
+  for host in hosts.values():
+    if rate != 'unshaped':
+      lab.shape(host, rate)
+  address = lambda task: '%s:%d' % (hosts[task].address, PORT)  # noqa: E731
+  ps_hosts = [address(t) for t in tasks if t[0] == 'ps']
+  worker_hosts = [address(t) for t in tasks if t[0] == 'worker']
+  with tempfile.TemporaryDirectory(prefix='cifar10_net_rows_') as train_dir:
+    processes = {task: subprocess.Popen(
+        lab.command(hosts[task], job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args)),
+        stdout=subprocess.PIPE if task == ('worker', 0) else subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+        for task in tasks}
+    try:
+      marks = measure(lab, processes[('worker', 0)], list(hosts.values()), args)
+    finally:
+      for process in processes.values():
+        process.kill()
+        process.wait()
+  per_update = args.batch_size * (1 if mode == 'async ps' else num_workers)
+  (step0, time0, bytes0), (step1, time1, bytes1) = marks
+  updates = step1 - step0
+  busiest = max(max(after[0] - before[0], after[1] - before[1])
+                for before, after in zip(bytes0, bytes1)) / updates
+  limit = rate_bytes_per_sec(rate)
+  bound = limit / busiest * per_update if limit else None
+  return dict(mode=mode, workers=num_workers, rate=rate,
+              examples_per_sec=updates * per_update / (time1 - time0),
+              busiest_bytes_per_update=busiest, bound_examples_per_sec=bound)
+
+
+def measure(lab, chief, hosts, args):
+  """[(global step, time, [each link's (sent, received)]) at the window's start, at its
+  end], read as the chief's loss lines come."""
+  timer = threading.Timer(RUN_TIMEOUT_SECS, chief.kill)
+  timer.start()
+  marks, start = [], None
+  try:
+    for line in chief.stdout:
+      found = LOSS_LINE.match(line)
+      if not found:
+        continue
+      step = int(found.group('step'))
+      if start is None and step >= args.warmup:
+        start = step
+      if start is not None and (not marks or step >= start + args.steps):
+        marks.append((step, time.time(), [lab.link_bytes(host) for host in hosts]))
+        if len(marks) == 2:
+          return marks
+  finally:
+    timer.cancel()
+  raise SystemExit('error: the chief ended before step %d (rerun with fewer --steps, or '
+                   'look at it alone: python dist_train.py --local_cluster=...)'
+                   % (args.warmup + args.steps))
+
+
+def local_rate(num_towers, args):
+  """multi_gpu_train.py's examples a second with num_towers towers, from its loss lines."""
+  with tempfile.TemporaryDirectory(prefix='cifar10_net_rows_') as train_dir:
+    done = subprocess.run(
+        [sys.executable, '-u', os.path.join(ROOT, 'multi_gpu_train.py'), '--synthetic',
+         '--num_gpus=%d' % num_towers, '--batch_size=%d' % args.batch_size,
+         '--log_frequency=1', '--summary_steps=0', '--train_dir=' + train_dir,
+         '--max_steps=%d' % (args.warmup + args.steps)], capture_output=True, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), timeout=RUN_TIMEOUT_SECS)
+  rates = [float(line.split('(')[1].split()[0]) for line in done.stdout.splitlines()
+           if LOSS_LINE.match(line) and int(LOSS_LINE.match(line).group('step')) > args.warmup]
+  return statistics.median(rates)
+
+
+def print_table(rows, local, args):
+  print('\nThe distributed modes on shaped links: CIFAR-10, --synthetic, batch %d a worker, '
+        'one tower each, every task at its own address; %d global steps after %d'
+        % (args.batch_size, args.steps, args.warmup))
+  print('MB/update: through the busiest link, its busier direction; bound: what that '
+        'link\'s rate allows at those bytes')
+  print('%-9s %-7s %-11s %8s %10s %8s %6s' % ('rate', 'workers', 'mode', 'ex/s', 'MB/update',
+                                              'bound', 'share'))
+  for row in rows:
+    bound = row['bound_examples_per_sec']
+    print('%-9s %-7d %-11s %8.0f %10.2f %8s %6s' % (
+        row['rate'], row['workers'], row['mode'], row['examples_per_sec'],
+        row['busiest_bytes_per_update'] / 1e6, '%.0f' % bound if bound else '-',
+        '%.0f%%' % (100 * row['examples_per_sec'] / bound) if bound else '-'))
+  for (rate, workers), by_mode in _by_job(rows).items():
+    if 'all-reduce' in by_mode and 'sync ps' in by_mode:
+      print('%s, %d workers: all-reduce / sync ps = %.2f' % (
+          rate, workers, by_mode['all-reduce'] / by_mode['sync ps']))
+    if rate == 'unshaped' and 'all-reduce' in by_mode and workers in local:
+      print('unshaped, %d workers: all-reduce / multi_gpu_train.py with %d towers (%.0f '
+            'ex/s) = %.2f' % (workers, workers, local[workers],
+                              by_mode['all-reduce'] / local[workers]))
+
+
+def _by_job(rows):
+  found = {}
+  for row in rows:
+    found.setdefault((row['rate'], row['workers']), {})[row['mode']] = row['examples_per_sec']
+  return found
+
+
+def main(argv):
+  args = parse_args(argv)
+  why_not = netlab.available()
+  if why_not:
+    raise SystemExit('error: %s' % why_not)
+  modes = args.modes.split(',')
+  unknown = [mode for mode in modes if mode not in MODES]
+  if unknown:
+    raise SystemExit('error: --modes: %s unknown; give some of %s' % (unknown, list(MODES)))
+  rows, local = [], {}
+  for rate in args.rates.split(','):
+    rate_bytes_per_sec(rate)  # checked before the first job
+  for rate in args.rates.split(','):
+    for workers in map(int, args.workers.split(',')):
+      for mode in modes:
+        lab = netlab.Lab()
+        try:
+          rows.append(run_job(lab, mode, workers, rate, args))
+        finally:
+          lab.stop()
+        print('%s, %d workers, %s: %.0f examples/sec' % (rate, workers, mode,
+                                                          rows[-1]['examples_per_sec']),
+              flush=True)
+      if rate == 'unshaped' and 'all-reduce' in modes:
+        local[workers] = local_rate(workers, args)
+  print_table(rows, local, args)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])
