@@ -22,16 +22,16 @@ shares this machine's cores: at 4 workers on 2 cores the unshaped rows measure t
 cores, not the network.
 """
 import argparse
+import datetime
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from benchmarks import netlab
-from benchmarks.loss_lines import LOSS_LINE
+from benchmarks.loss_lines import LOSS_LINE, steps_by_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 2222                  # every task's port, each at an address of its own
@@ -47,21 +47,23 @@ def parse_args(argv):
                       help='link rates, tc\'s words, or unshaped; comma-separated')
   parser.add_argument('--workers', default='2,4', help='worker counts, comma-separated')
   parser.add_argument('--modes', default=','.join(MODES), help='of: ' + ', '.join(MODES))
-  parser.add_argument('--batch_size', type=int, default=32, help='images per worker step')
+  parser.add_argument('--batch_size', type=int, default=128, help='images per worker step '
+                      '(multi_gpu_train.py\'s BATCH_SIZE)')
   parser.add_argument('--warmup', type=int, default=5, help='global steps before measuring')
   parser.add_argument('--steps', type=int, default=20, help='global steps measured')
+  parser.add_argument('--repeats', type=int, default=3, help='rounds over every job, '
+                      'interleaved; the table shows medians')
   return parser.parse_args(argv)
 
 
 def rate_bytes_per_sec(rate):
-  """'200mbit' -> 25e6; 'unshaped' -> None."""
+  """'200mbit' -> 25e6; 'unshaped' -> None; SystemExit for what tc would not take."""
   if rate == 'unshaped':
     return None
-  units = {'kbit': 1e3, 'mbit': 1e6, 'gbit': 1e9}
-  for unit, scale in units.items():
-    if rate.endswith(unit):
-      return float(rate[:-len(unit)]) * scale / 8
-  raise SystemExit('error: --rates: %r is not unshaped or a rate such as 200mbit' % rate)
+  found = netlab.rate_bytes(rate)
+  if found is None:
+    raise SystemExit('error: --rates: %r is not unshaped or a rate such as 200mbit' % rate)
+  return found
 
 
 def job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args):
@@ -127,7 +129,8 @@ def measure(lab, chief, hosts, args):
       if start is None and step >= args.warmup:
         start = step
       if start is not None and (not marks or step >= start + args.steps):
-        marks.append((step, time.time(), [lab.link_bytes(host) for host in hosts]))
+        when = datetime.datetime.fromisoformat(found.group('time')).timestamp()  # printed
+        marks.append((step, when, [lab.link_bytes(host) for host in hosts]))
         if len(marks) == 2:
           return marks
   finally:
@@ -138,7 +141,8 @@ def measure(lab, chief, hosts, args):
 
 
 def local_rate(num_towers, args):
-  """multi_gpu_train.py's examples a second with num_towers towers, from its loss lines."""
+  """multi_gpu_train.py's examples a second with num_towers towers, over the same window
+  of steps as the jobs' (its loss lines' own times, as the chief's are read)."""
   with tempfile.TemporaryDirectory(prefix='cifar10_net_rows_') as train_dir:
     done = subprocess.run(
         [sys.executable, '-u', os.path.join(ROOT, 'multi_gpu_train.py'), '--synthetic',
@@ -146,9 +150,10 @@ def local_rate(num_towers, args):
          '--log_frequency=1', '--summary_steps=0', '--train_dir=' + train_dir,
          '--max_steps=%d' % (args.warmup + args.steps)], capture_output=True, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'), timeout=RUN_TIMEOUT_SECS)
-  rates = [float(line.split('(')[1].split()[0]) for line in done.stdout.splitlines()
-           if LOSS_LINE.match(line) and int(LOSS_LINE.match(line).group('step')) > args.warmup]
-  return statistics.median(rates)
+  [(_, start), *_, (_, end)] = [
+      (step, when) for step, when in steps_by_task(done.stdout)['local']
+      if step >= args.warmup]
+  return args.steps * args.batch_size * num_towers / (end - start)
 
 
 def print_table(rows, local, args):
@@ -175,6 +180,15 @@ def print_table(rows, local, args):
                               by_mode['all-reduce'] / local[workers]))
 
 
+def _median_row(repeats):
+  """One job's row: the median of each figure over its repeats."""
+  row = dict(repeats[0])
+  for key in ('examples_per_sec', 'busiest_bytes_per_update', 'bound_examples_per_sec'):
+    if row[key] is not None:
+      row[key] = statistics.median(r[key] for r in repeats)
+  return row
+
+
 def _by_job(rows):
   found = {}
   for row in rows:
@@ -191,22 +205,25 @@ def main(argv):
   unknown = [mode for mode in modes if mode not in MODES]
   if unknown:
     raise SystemExit('error: --modes: %s unknown; give some of %s' % (unknown, list(MODES)))
-  rows, local = [], {}
+  jobs = [(rate, workers, mode) for rate in args.rates.split(',')
+          for workers in map(int, args.workers.split(',')) for mode in modes]
   for rate in args.rates.split(','):
     rate_bytes_per_sec(rate)  # checked before the first job
-  for rate in args.rates.split(','):
-    for workers in map(int, args.workers.split(',')):
-      for mode in modes:
-        lab = netlab.Lab()
-        try:
-          rows.append(run_job(lab, mode, workers, rate, args))
-        finally:
-          lab.stop()
-        print('%s, %d workers, %s: %.0f examples/sec' % (rate, workers, mode,
-                                                          rows[-1]['examples_per_sec']),
-              flush=True)
-      if rate == 'unshaped' and 'all-reduce' in modes:
-        local[workers] = local_rate(workers, args)
+  runs, local_runs = {}, {}
+  for repeat in range(args.repeats):
+    for rate, workers, mode in jobs:
+      lab = netlab.Lab()
+      try:
+        row = run_job(lab, mode, workers, rate, args)
+      finally:
+        lab.stop()
+      runs.setdefault((rate, workers, mode), []).append(row)
+      print('round %d: %s, %d workers, %s: %.0f examples/sec' % (
+          repeat + 1, rate, workers, mode, row['examples_per_sec']), flush=True)
+      if rate == 'unshaped' and mode == 'all-reduce':  # the local trainer beside it
+        local_runs.setdefault(workers, []).append(local_rate(workers, args))
+  rows = [_median_row(runs[job]) for job in jobs]
+  local = {workers: statistics.median(rates) for workers, rates in local_runs.items()}
   print_table(rows, local, args)
 
 

@@ -42,6 +42,14 @@ def available():
   return ''
 
 
+def rate_bytes(rate):
+  """Bytes a second of a tc rate: '200mbit' -> 25e6, '1gbit' -> 125e6; None if not one."""
+  for unit, scale in (('kbit', 1e3), ('mbit', 1e6), ('gbit', 1e9)):
+    if rate.endswith(unit) and rate[:-len(unit)].replace('.', '', 1).isdigit():
+      return float(rate[:-len(unit)]) * scale / 8
+  return None
+
+
 class Host:
   """One host of the lab: its name, address, and the namespace a task joins."""
 
@@ -132,8 +140,12 @@ class Lab:
     self.run('ip', '-n', host.name, 'link', 'set', host.inside, 'up' if up else 'down')
 
   def shape(self, host, rate):
-    """tbf at rate (e.g. '200mbit') on the host's link, both directions."""
-    tbf = ['root', 'tbf', 'rate', rate, 'burst', '64kb', 'latency', '100ms']
+    """tbf at rate (e.g. '200mbit') on the host's link, both directions. Its bucket holds
+    10 ms of the rate (at least 64 KB): tc-tbf(8) asks for at least rate / HZ, and with
+    64 KB at 1gbit the links ran at 40% of their rate (python -m benchmarks.net_rows,
+    2026-12-02)."""
+    burst = max(64 << 10, int(rate_bytes(rate) / 100))
+    tbf = ['root', 'tbf', 'rate', rate, 'burst', str(burst), 'latency', '100ms']
     self.run('tc', 'qdisc', 'replace', 'dev', host.outside, *tbf)
     self.run('ip', 'netns', 'exec', host.name, 'tc', 'qdisc', 'replace', 'dev', host.inside,
              *tbf)

@@ -165,15 +165,16 @@ class Pod:
     return None if running == 'true' else int(code)
 
 
-def tfjob_pods():
-  """The TFJob's pods, ps first, then chief, workers, evaluator: [Pod], the chief's index."""
-  tfjob = manifests.manifest(manifests.TFJOB)['TFJob']
+def tfjob_pods(path=manifests.TFJOB):
+  """A TFJob's pods, ps first, then chief, workers, evaluator: [Pod], the chief's index."""
+  tfjob = manifests.manifest(path)['TFJob']
   pods = []
   for rtype, hosts in manifests.tfjob_hosts(tfjob).items():
     spec = tfjob['spec']['tfReplicaSpecs'][rtype]['template']['spec']
     for index, host in enumerate(hosts):
       pods.append(Pod(host, spec, {'TF_CONFIG': manifests.tf_config(tfjob, rtype, index)}))
-  return pods, [pod.host for pod in pods].index('cifar10-dist-chief-0.default.svc')
+  return pods, [pod.host for pod in pods].index(
+      '%s-chief-0.default.svc' % tfjob['metadata']['name'])
 
 
 def jobset_pods():
@@ -287,3 +288,30 @@ def test_jobset_pods_find_each_other_by_dns_name_train_to_the_end_all_exit_0(
           'cifar10-dist-worker-0-0)') in chief_lines, job_log(env, pods)
   last = shared / 'train' / ('model.ckpt-%d' % MAX_STEPS[job])
   assert helpers.global_step(last) == MAX_STEPS[job]
+
+
+def test_tfjob_all_reduce_worker_pod_killed_others_exit_138_restarted_resume_to_the_end(
+    env, tmp_path, sample):
+  # tfjob-all-reduce.yaml: no ps. A worker's pod killed mid-run fails the others' next
+  # all-reduce; each exits 138, which the operator's restartPolicy ExitCode restarts, as
+  # `docker start` does here; the chief resumes and sends its checkpoint to every worker.
+  job = 'tfjob'
+  pods, chief_index = tfjob_pods(manifests.TFJOB_ALL_REDUCE)
+  chief = pods[chief_index]
+  training = [pod for pod in pods if '-evaluator-' not in pod.host]
+  assert len(training) == 3 and len(pods) == 4
+  shared = start_job(env, pods, tmp_path, sample, MAX_STEPS[job])
+  wait_for_checkpoint(env, pods, chief, 10)
+  killed = next(pod for pod in training if '-worker-' in pod.host)
+  assert docker(env, 'kill', killed.name).code == 0
+  codes = wait_for_exits(env, training)
+  assert sorted(codes) == [137, 138, 138], (codes, job_log(env, pods))
+  first_run = [len(lines) for lines in chief.logs(env)]
+  saved = helpers.global_step(shared / 'train')
+  restarted = docker(env, 'start', *[pod.name for pod in training])
+  assert restarted.code == 0, restarted.log()
+  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
+  rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
+  assert matches(RESUMING_LINE, rerun)[0].groups() == (str(saved), str(saved)), job_log(
+      env, pods)
+  assert helpers.global_step(shared / 'train') == MAX_STEPS[job]

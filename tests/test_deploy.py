@@ -14,7 +14,7 @@ import re
 import kubernetes_validate
 import pytest
 
-from distributed import cluster_jobset
+from distributed import cluster_env, cluster_jobset, cluster_tf_config
 import helpers
 from helpers import manifests
 from helpers.manifests import JOBSET, TFJOB, pod_environment
@@ -28,11 +28,11 @@ FLAG = re.compile(r'^--(?:no)?([a-z_0-9]+)(?:=|$)')
 SCHEMA_VERSIONS = ['1.29.0', kubernetes_validate.latest_version()]
 
 
-def replica_specs():
-  """tfjob.yaml's replicas: {'PS': {'command': [...], 'restartPolicy': 'ExitCode',
-  'container': 'tensorflow'}, ...}"""
+def replica_specs(path=TFJOB):
+  """tfjob.yaml's replicas (or another TFJob's): {'PS': {'command': [...],
+  'restartPolicy': 'ExitCode', 'container': 'tensorflow'}, ...}"""
   specs = {}
-  for rtype, spec in manifests.manifest(TFJOB)['TFJob']['spec']['tfReplicaSpecs'].items():
+  for rtype, spec in manifests.manifest(path)['TFJob']['spec']['tfReplicaSpecs'].items():
     container, = spec['template']['spec']['containers']
     specs[rtype] = {'command': container['command'], 'restartPolicy': spec['restartPolicy'],
                     'container': container['name']}
@@ -48,7 +48,7 @@ def built_in_objects():
   """(where, object) for every object of a built-in kind in the manifests, those that
   the CRDs hold wrapped in the kind that holds them (a Job, a PodTemplate)."""
   found = []
-  for path in (TFJOB, JOBSET):
+  for path in (TFJOB, JOBSET, manifests.TFJOB_ALL_REDUCE):
     for kind, document in manifests.manifest(path).items():
       where = '%s %s' % (os.path.basename(path), kind)
       if kind == 'TFJob':
@@ -114,9 +114,26 @@ def test_tfjob_manifest_four_replicas_exit_code_container_tensorflow():
 
 @pytest.mark.xdist_group('helpshort')
 def test_tfjob_manifest_names_only_flags_the_programs_take(known_flags):
-  for name, spec in replica_specs().items():
-    assert flags_of(spec['command']), name
-    assert unknown_flags(spec['command'], known_flags) == [], name
+  for path in (TFJOB, manifests.TFJOB_ALL_REDUCE):
+    for name, spec in replica_specs(path).items():
+      assert flags_of(spec['command']), name
+      assert unknown_flags(spec['command'], known_flags) == [], name
+
+
+def test_tfjob_all_reduce_manifest_is_tfjob_without_ps_its_trainers_with_all_reduce():
+  ps, all_reduce = replica_specs(), replica_specs(manifests.TFJOB_ALL_REDUCE)
+  assert sorted(all_reduce) == ['Chief', 'Evaluator', 'Worker']
+  for name, spec in all_reduce.items():
+    command = [word for word in spec['command'] if word != '--all_reduce']
+    assert dict(spec, command=command) == ps[name], name
+    assert ('--all_reduce' in spec['command']) == (name != 'Evaluator'), name
+  # Every trainer's TF_CONFIG is a cluster of workers only, which --all_reduce fits.
+  tfjob = manifests.manifest(manifests.TFJOB_ALL_REDUCE)['TFJob']
+  for rtype in ('Chief', 'Worker'):
+    cluster = cluster_tf_config.from_tf_config(
+        {'TF_CONFIG': manifests.tf_config(tfjob, rtype, 0)})
+    assert cluster.ps_hosts == [] and len(cluster.worker_hosts) == 3
+    assert cluster_env.mode_misfit(len(cluster.ps_hosts), all_reduce=True) is None
 
 
 @pytest.mark.xdist_group('helpshort')
