@@ -1,7 +1,9 @@
-r"""Trains the CIFAR-10 model on several machines with TensorFlow's parameter servers.
+r"""Trains the CIFAR-10 model on several machines with TensorFlow's parameter servers,
+or without them by all-reduce.
 
     # One machine: 1 ps task and 2 workers as subprocesses on 127.0.0.1.
     python dist_train.py --local_cluster=1,2 --max_steps=10000
+    python dist_train.py --local_cluster=0,2 --all_reduce   # 2 workers, no ps task
 
     # Several machines: one command per task, the same host lists everywhere.
     python dist_train.py --job_name=ps --task_index=0 \
@@ -19,7 +21,9 @@ ps tasks hold the variables; each worker builds multi_gpu_train.py's towers
 (build_towers) and averages their gradients, so one gradient per worker step
 leaves the machine: applied at once (async, the default; exactly --max_steps
 updates land) or averaged over --replicas_to_aggregate workers first
-(--sync_replicas; fewer than the workers leaves backup workers). Worker 0, the
+(--sync_replicas; fewer than the workers leaves backup workers). With --all_reduce
+and no ps task, each worker keeps its own copy of the variables and the workers take
+the mean of their gradients by TensorFlow's collective all-reduce. Worker 0, the
 chief (TF_CONFIG's "chief" or "master"), initialises or restores the variables
 and writes checkpoints and summaries; TF_CONFIG's "evaluator" scores them. Every
 task exits by itself at the end. Exit codes: 0 done, 1 a fault a restart cannot
@@ -30,9 +34,10 @@ SECURITY: TensorFlow servers have no authentication and no encryption, and each
 task listens on every network interface of its machine on its port, whatever
 host --ps_hosts and --worker_hosts name. Anyone who can reach such a port can
 run any graph there, reading and writing files as the user running it: firewall
-those ports. Hosts other than loopback are refused unless
---allow_nonloopback_hosts is passed. --local_cluster runs its tasks in a private
-network namespace with only a loopback interface, where Linux permits it.
+those ports (with --all_reduce every worker dials every other's). Hosts other than
+loopback are refused unless --allow_nonloopback_hosts is passed. --local_cluster runs
+its tasks in a private network namespace with only a loopback interface, where Linux
+permits it.
 
 Per worker step, expect multi_gpu_train.py's time per step plus the time to send
 the 1,068,298 parameters and their gradients (4 MB each way) to the ps tasks.
@@ -212,25 +217,33 @@ def start(exit_stack, cluster, task_index, settings, worker, data_input, stop):
     startup.check_precision(settings)  # the chief's startup.start() checks it too
     startup.prepare_data(settings, data_input, stop)
   devices, num_cpu_devices, where = placement.tower_devices(settings.num_gpus)
-  config = placement.session_config(num_cpu_devices, settings.session)
-  ps_hosts = cluster.job_tasks('ps') if 'ps' in cluster.jobs else []
-  if settings.use_bf16:
-    mixed_precision.bfloat16_in_a_cluster(config)
-  if worker.all_reduce:  # every worker reaches every other: the ring passes through each
-    config.experimental.collective_group_leader = '/job:worker/replica:0/task:0'
-    config.device_filters.append('/job:worker')
-    peers = [host for i, host in enumerate(cluster.job_tasks('worker')) if i != task_index]
-  else:  # only the ps tasks and this worker: no worker waits for another to start
-    config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
-    peers = ps_hosts
+  config, peers = worker_config(cluster, task_index, settings, num_cpu_devices,
+                                worker.all_reduce)
   server = task_cluster.start_server(cluster, 'worker', task_index, who, config)
   arm_watchdog = worker_sessions.start_watchdog()
   # Stopped or not: a chief stopped at start-up still opens its session and saves.
   worker_sessions.wait_for_peers(peers, worker.startup_timeout_secs, who,
-                              what='worker' if worker.all_reduce else 'ps task')
+                                 what='worker' if worker.all_reduce else 'ps task')
+  ps_hosts = cluster.job_tasks('ps') if 'ps' in cluster.jobs else []
   return WorkerRun(who, cluster, task_index, is_chief, cluster.num_tasks('worker'),
                    ps_hosts, cluster.task_address('worker', 0), server,
                    config, devices, where, checkpoint, start_step, arm_watchdog)
+
+
+def worker_config(cluster, task_index, settings, num_cpu_devices, all_reduce_flag):
+  """(this worker's ConfigProto, the hosts it waits for before its session: the ps
+  tasks, or with --all_reduce the other workers)."""
+  config = placement.session_config(num_cpu_devices, settings.session)
+  if settings.use_bf16:
+    mixed_precision.bfloat16_in_a_cluster(config)
+  if all_reduce_flag:  # every worker reaches every other: the ring passes through each
+    config.experimental.collective_group_leader = '/job:worker/replica:0/task:0'
+    config.device_filters.append('/job:worker')
+    return config, [host for i, host in enumerate(cluster.job_tasks('worker'))
+                    if i != task_index]
+  # Only the ps tasks and this worker: no worker waits for another to start.
+  config.device_filters.extend(['/job:ps', '/job:worker/task:%d' % task_index])
+  return config, cluster.job_tasks('ps')
 
 
 TrainGraph = collections.namedtuple('TrainGraph', [
@@ -434,9 +447,10 @@ def main(argv, slurm_cluster=None):
     misfit = cluster_env.mode_misfit(len(cluster.ps_hosts), FLAGS.all_reduce)
     if misfit:
       raise errors.TrainingError(misfit)
-    spec = tf.compat.v1.train.ClusterSpec(  # without ps tasks, no 'ps' job
-        dict({'worker': cluster.worker_hosts}, **{'ps': cluster.ps_hosts} if cluster.ps_hosts
-             else {}))
+    jobs = {'worker': cluster.worker_hosts}
+    if cluster.ps_hosts:  # without ps tasks (all-reduce), no 'ps' job
+      jobs['ps'] = cluster.ps_hosts
+    spec = tf.compat.v1.train.ClusterSpec(jobs)
     if ps_task.job_is_over(cluster, spec, settings):
       return
     if cluster.job_name == 'ps':

@@ -51,6 +51,8 @@ def parse_args(argv):
                       '(multi_gpu_train.py\'s BATCH_SIZE)')
   parser.add_argument('--warmup', type=int, default=5, help='global steps before measuring')
   parser.add_argument('--steps', type=int, default=20, help='global steps measured')
+  parser.add_argument('--task_flags', default='', help='more flags for every task, '
+                      'space-separated (e.g. --intra_op_threads=1)')
   parser.add_argument('--repeats', type=int, default=3, help='rounds over every job, '
                       'interleaved; the table shows medians')
   return parser.parse_args(argv)
@@ -75,7 +77,7 @@ def job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args):
           '--synthetic', '--batch_size=%d' % args.batch_size, '--log_frequency=1',
           '--summary_steps=0', '--save_every_n_steps=1000000000', '--max_steps=1000000000',
           '--train_dir=' + train_dir, '--startup_timeout_secs=300',
-          '--step_timeout_secs=600'] + flags
+          '--step_timeout_secs=600'] + flags + args.task_flags.split()
 
 
 def run_job(lab, mode, num_workers, rate, args):

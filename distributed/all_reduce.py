@@ -6,17 +6,17 @@ dist_train.py --all_reduce makes the mode once and asks it what worker_updates'
 modes answer (see there), and:
 
     mode = AllReduceUpdates(run, save_every_n_steps)
-    mode.step_feed(stop)              # each step says whether this worker is stopping
-    mode.start_together(run_fetch)    # before the first step: the chief's variables to all
-    mode.after_step(run_fetch, outcome)  # the stop all agreed on; the copies compared
-    mode.stops_before_step(stop)      # the loop ends after the step all agreed on
+    mode.step_feed(stop)             # each step says whether this worker is stopping
+    mode.start_together(run_fetch, secs)  # before the first step: the chief's variables
+    mode.after_step(run_fetch, outcome, secs)  # the stop all agreed on; copies compared
+    mode.stops_before_step(stop)     # the loop ends after the step all agreed on
 
-Each step is one all-reduce (mean) of one vector: this worker's gradient, its towers
-averaged first (multi_gpu_train.py's average_gradients), every variable's flattened
-into one, and a flag per worker that says it is stopping. Every worker sums the same
-numbers in the same order, so every copy applies the same update, bit for bit; the
-copies are compared anyway at each save (compare_copies). A worker's ports must reach
-every other worker's: the ring sends each a share of the others' gradients.
+Each step all-reduces (mean) this worker's gradient, its towers averaged first
+(multi_gpu_train.py's average_gradients), every variable's flattened into two vectors
+(mean_of_workers), with a flag per worker that says it is stopping. Every worker gets
+the same sums, so every copy applies the same update, bit for bit; the copies are
+compared anyway at each save (compare_copies). A worker's port must reach every other
+worker's: the ring sends each a share of the others' gradients.
 
 A worker that goes away fails the others' next step, at once when its process has
 gone (UnavailableError), at --step_timeout_secs when it hangs; TensorFlow's collective

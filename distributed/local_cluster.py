@@ -181,9 +181,8 @@ def launch_local_cluster(num_ps, num_workers, extra_flags, stop):
         _say_failed(relay, failed[0], ended[failed[0]])
         return 1
       if len(ended) == len(tasks):
-        print('local cluster: all %d workers finished%s' % (
-            num_workers, ', then the %d ps task(s) by themselves' % num_ps if num_ps else ''),
-              flush=True)
+        then = ', then the %d ps task(s) by themselves' % num_ps if num_ps else ''
+        print('local cluster: all %d workers finished%s' % (num_workers, then), flush=True)
         return 0
       running = [name for name in tasks if name not in ended]
       if one_side_ended is None and (all(name.startswith('ps') for name in running) or

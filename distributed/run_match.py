@@ -1,7 +1,7 @@
 """Every worker trains the chief's run, and a sync chief waits for its workers.
 
-Two variables on the ps tasks, in no collection (no checkpoint holds them, no
-worker's initialisation touches them):
+Variables on the ps tasks (without ps tasks, all-reduce's, on the chief's own CPU), in
+no collection (no checkpoint holds them, no worker's initialisation touches them):
 - `run_description`: the chief writes what defines its run each time its session
   opens: the flags below, its model module's constants (fp16's too), the learning
   rate's decay_steps, the md5 of each training file (or --synthetic), and a

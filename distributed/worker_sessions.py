@@ -48,8 +48,8 @@ PS_GONE_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
 
 
 def wait_for_peers(hosts, timeout_secs, who, should_stop=None, what='ps task'):
-  """Returns once every ps port accepts TCP connections; PeerGone after timeout_secs,
-  or at once when should_stop() says this task is stopping.
+  """Returns once every one of hosts (the ps tasks) accepts TCP connections; PeerGone
+  after timeout_secs, or at once when should_stop() says this task is stopping.
 
   TensorFlow itself would wait forever, silently, to open a session on a ps task
   that is not there. what='worker': the other workers, for all-reduce.
