@@ -61,9 +61,9 @@ from absl import flags
 import tensorflow as tf
 
 import data_sets
-from distributed import (all_reduce, chief, cluster_env, evaluator, local_cluster,
-                         ps_placement, ps_task, run_match, task_cluster, worker_end,
-                         worker_sessions, worker_updates)
+from distributed import (all_reduce, chief, evaluator, local_cluster, ps_placement,
+                         ps_task, run_match, task_cluster, worker_end, worker_sessions,
+                         worker_updates)
 from multi_gpu_train import average_gradients, build_towers  # the towers, as they teach them
 from training import (checkpoints, errors, evaluation, input_data, machine, mixed_precision,
                       placement, run_record, signals, startup, steps, summaries, updates)
@@ -444,9 +444,6 @@ def main(argv, slurm_cluster=None):
     if cluster.job_name == 'evaluator':
       return evaluator.run_evaluator(settings, data_sets.DATASETS, FLAGS.eval_dir,
                                      FLAGS.eval_interval_secs)
-    misfit = cluster_env.mode_misfit(len(cluster.ps_hosts), FLAGS.all_reduce)
-    if misfit:
-      raise errors.TrainingError(misfit)
     jobs = {'worker': cluster.worker_hosts}
     if cluster.ps_hosts:  # without ps tasks (all-reduce), no 'ps' job
       jobs['ps'] = cluster.ps_hosts

@@ -44,9 +44,13 @@ STEP_SLACK_SECS = 1          # a step's watchdog, past --step_timeout_secs: Tens
                              # aborts the collective at once, and the step then waited 8 s
                              # more on a paused worker (tests/test_dist_all_reduce.py,
                              # 2026-12-02); the process can do nothing after an abort
-# What a collective raises once a worker has gone away (or since, once aborted).
+# What a collective raises once a worker has gone away (or since, once aborted); a
+# worker killed before this one's request to it waits out the timeout (gRPC waits for
+# the peer to come back).
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-               tf.errors.InternalError)
+               tf.errors.InternalError, tf.errors.DeadlineExceededError)
+RERUN = ('Restart every worker with the same command: they resume from the chief\'s '
+         'checkpoint')
 
 
 def chief_device_scope():
@@ -273,26 +277,32 @@ class AllReduceUpdates(worker_updates.ModeDefaults):
       raise errors.PeerGone(self._peer_gone_message(e)) from None
 
   def _peer_gone_message(self, e):
-    run = self._run
-    workers = run.cluster.job_tasks('worker')
-    gone = ['worker %d (%s)' % (i, host) for i, host in enumerate(workers)
-            if i != run.task_index and not worker_sessions.port_answers(host)]
     said = re.search(r'(Socket closed|Connection refused|aborted by: [^\n]*|'
-                     r'Failed to connect[^\n]*)', str(e))
+                     r'Failed to connect[^\n]*|Operation timed out)', str(e))
     return ('%s: a step\'s all-reduce failed (%s: %s): %s. TensorFlow\'s collectives cannot go '
-            'on in this process: restart every worker with the same command; they resume '
-            'from the chief\'s checkpoint.' % (
-                run.who, type(e).__name__, said.group(1) if said else errors.one_line(e),
-                '%s no longer answer%s' % (', '.join(gone), 's' * (len(gone) == 1)) if gone
-                else 'every worker\'s port still answers: one of them failed (its log says '
-                'why)'))
+            'on in this process. %s.' % (
+                self._run.who, type(e).__name__, said.group(1) if said else errors.one_line(e),
+                self._gone_workers() or 'every worker\'s port still answers: one of them '
+                'failed (its log says why)', RERUN))
+
+  def _gone_workers(self):
+    """'worker 1 (host:port) no longer answers', or '' when every other worker's port
+    accepts a connection (a paused process's does too: its kernel answers)."""
+    run = self._run
+    gone = ['worker %d (%s)' % (i, host)
+            for i, host in enumerate(run.cluster.job_tasks('worker'))
+            if i != run.task_index and not worker_sessions.port_answers(host)]
+    return gone and '%s no longer answer%s' % (', '.join(gone), 's' * (len(gone) == 1))
 
   def stuck_step_message(self, secs):
-    return self.slow_step_message(secs - STEP_SLACK_SECS)  # the watchdog's, at once after
+    """The watchdog's, armed before every step: said as it is, no port looked at."""
+    return self._slow_step(secs - STEP_SLACK_SECS, '')
 
   def slow_step_message(self, step_timeout_secs):
-    return ('%s: the all-reduce of a step took more than --step_timeout_secs=%d: a worker '
-            'of %s has stopped or is cut off. Restart every worker with the same command '
-            '(each resumes from the chief\'s checkpoint), or raise --step_timeout_secs.'
-            % (self._run.who, step_timeout_secs,
-               ','.join(self._run.cluster.job_tasks('worker'))))
+    return self._slow_step(step_timeout_secs, self._gone_workers())
+
+  def _slow_step(self, step_timeout_secs, gone):
+    return ('%s: the all-reduce of a step took more than --step_timeout_secs=%d: %s. %s, or '
+            'raise --step_timeout_secs.' % (
+                self._run.who, step_timeout_secs, gone or 'a worker of %s has stopped or is '
+                'cut off' % ','.join(self._run.cluster.job_tasks('worker')), RERUN))

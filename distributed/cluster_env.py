@@ -62,7 +62,7 @@ def check(cluster, jobs=None, named=None, bad_port=None):
     cluster: a Cluster.
     jobs: {job: ['host:port', ...]} as the source names them, where they are more
       than the Cluster's two lists (TF_CONFIG's chief, master, evaluator); by
-      default {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}.
+      default the Cluster's (_jobs_of).
     named: how the source names a job's host list in a message: job -> str, job None
       naming them all; by default the flags' --<job>_hosts.
     bad_port: the message for a host whose port is not 1..65535, host -> str, where the
@@ -71,10 +71,7 @@ def check(cluster, jobs=None, named=None, bad_port=None):
   Raises:
     ClusterError: one line naming the flag or variable to fix, the value, and how.
   """
-  if jobs is None:  # no ps tasks: all-reduce's (dist_train.py checks the mode fits)
-    jobs = {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}
-    if not cluster.ps_hosts:
-      del jobs['ps']
+  jobs = jobs or _jobs_of(cluster)
   named = named or (lambda job: '--%s_hosts' % job)
   source = cluster.source
   seen = {}  # (host, port) -> (job, index) of the first task there
@@ -110,6 +107,15 @@ def check(cluster, jobs=None, named=None, bad_port=None):
           '--task_index=%d' % cluster.task_index if source == 'flags' else
           'this task, %s %d,' % (cluster.job_name, cluster.task_index), cluster.job_name,
           named(cluster.job_name), len(hosts), len(hosts) - 1))
+
+
+def _jobs_of(cluster):
+  """{'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}, without 'ps' when it has
+  no ps task (all-reduce's: task_cluster.refuse_misfits checks that the mode fits)."""
+  jobs = {'ps': cluster.ps_hosts, 'worker': cluster.worker_hosts}
+  if not cluster.ps_hosts:
+    del jobs['ps']
+  return jobs
 
 
 # ---- Flags ----------------------------------------------------------------------

@@ -54,7 +54,8 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
   --cluster='' takes the flags when --job_name is given, else TF_CONFIG when it is
   set. Hosts that a cluster manager named are taken without --allow_nonloopback_hosts
   (it chose them); flags given alongside must agree with it. A cluster that cannot
-  run, or a --replicas_to_aggregate above its workers: errors.TrainingError.
+  run, one whose ps tasks do not fit the mode (--all_reduce: none), or a
+  --replicas_to_aggregate above its workers: errors.TrainingError, before it is said.
 
   Args:
     slurm_cluster: --cluster=slurm: slurm_cluster_first()'s Cluster or ClusterError.
@@ -62,7 +63,7 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
   source = flag_values.cluster or ('tf_config' if flag_values.job_name is None and
                              os.environ.get('TF_CONFIG', '').strip() else '')
   if not source:
-    return refuse_too_many_replicas(flag_values, cluster_of_host_flags(flag_values))
+    return refuse_misfits(flag_values, cluster_of_host_flags(flag_values))
   try:
     if source == 'slurm':
       cluster = slurm_cluster or cluster_slurm.from_slurm(flag_values.num_ps,
@@ -82,19 +83,23 @@ def cluster_from_flags(flag_values, slurm_cluster=None):
                                              'worker_hosts') if flag_values[name].present})
   except errors.ClusterError as e:
     raise errors.TrainingError(str(e)) from None
+  refuse_misfits(flag_values, cluster)
   print(cluster.description)
   if cluster.job_name != 'evaluator':  # it serves nothing
     print(cluster_env.exposure_warning(cluster))
   sys.stdout.flush()
-  return refuse_too_many_replicas(flag_values, cluster)
+  return cluster
 
 
-def refuse_too_many_replicas(flag_values, cluster):
-  """cluster, unless --replicas_to_aggregate asks for more gradients than it has workers."""
-  too_many = cluster_env.too_many_replicas(flag_values.replicas_to_aggregate,
-                                           len(cluster.worker_hosts))
-  if too_many:
-    raise errors.TrainingError(too_many)
+def refuse_misfits(flag_values, cluster):
+  """cluster, unless its ps tasks do not fit the mode (an evaluator trains in none), or
+  --replicas_to_aggregate asks for more gradients than it has workers."""
+  for misfit in (cluster.job_name != 'evaluator' and
+                 cluster_env.mode_misfit(len(cluster.ps_hosts), flag_values.all_reduce),
+                 cluster_env.too_many_replicas(flag_values.replicas_to_aggregate,
+                                               len(cluster.worker_hosts))):
+    if misfit:
+      raise errors.TrainingError(misfit)
   return cluster
 
 

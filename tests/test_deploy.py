@@ -261,7 +261,9 @@ def test_manifests_built_in_kinds_valid_by_kubernetes_schemas():
   objects = built_in_objects()
   assert sorted({obj['kind'] for _, obj in objects}) == [
       'Job', 'NetworkPolicy', 'PersistentVolumeClaim', 'PodTemplate']
-  assert len(objects) == 9  # 2 claims, 1 policy, 4 TFJob replicas, 2 replicatedJobs
+  # 2 claims, 1 policy, 4 + 3 TFJob replicas (tfjob.yaml's, tfjob-all-reduce.yaml's),
+  # 2 replicatedJobs
+  assert len(objects) == 12
   for version in SCHEMA_VERSIONS:
     for where, obj in objects:
       try:

@@ -156,7 +156,7 @@ def test_all_reduce_n_workers_equal_n_towers_of_one_process(tasks, tmp_path):
 
 # MNIST at 2,000 images a step, a checkpoint every 10: a job that trains for seconds.
 JOB_FLAGS = ['--dataset=mnist', '--synthetic', '--batch_size=2000', '--log_frequency=1',
-             '--save_every_n_steps=10', '--summary_steps=0', '--max_steps=400',
+             '--save_every_n_steps=10', '--summary_steps=0', '--max_steps=200',
              '--startup_timeout_secs=60', '--all_reduce']
 STEP_TIMEOUT_SECS = 10
 GRACE_SECS = 30
@@ -188,7 +188,7 @@ def assert_rerun_resumes(tasks, commands, step):
   assert 'worker 1: its variables are the chief\'s' in rerun[1].lines, rerun[1].log()
   for task in rerun:
     [done] = matches(DONE_LINE, task.lines)
-    assert int(done.group(3)) == 400, task.log()
+    assert int(done.group(3)) == 200, task.log()
 
 
 @pytest.mark.slow
@@ -200,14 +200,15 @@ def test_all_reduce_worker_gone_other_exits_138_in_one_line_rerun_resumes(tasks,
   job[1].send(signal.SIGKILL if how == 'killed' else signal.SIGSTOP)
   gone = time.time()
   assert job[0].finish(timeout=GRACE_SECS + STEP_TIMEOUT_SECS) == 138, job[0].log()
-  took = time.time() - gone
-  if how == 'killed':  # at once: its socket closed
-    assert took < 5, took
-    assert_one_error_line(job[0], 'worker 0: a step\'s all-reduce failed',
-                          'worker 1 (127.0.0.1:')
-  else:  # at the step timeout, TensorFlow's own
-    assert took < STEP_TIMEOUT_SECS + 5, took
-    assert_one_error_line(job[0], '--step_timeout_secs=%d' % STEP_TIMEOUT_SECS)
+  # Killed: at once, where a request to it was under way (its socket closed), else at the
+  # step timeout, as paused (gRPC waits for a peer to come back); a watchdog 1 s after.
+  assert time.time() - gone < STEP_TIMEOUT_SECS + 5
+  if how == 'killed':  # its port is closed: named
+    hosts = next(arg for arg in commands['worker1'] if arg.startswith('--worker_hosts='))
+    assert_one_error_line(job[0], 'worker 0: ', 'worker 1 (%s) no longer answers'
+                          % hosts.split('=')[1].split(',')[1])
+  else:  # a paused process's port answers
+    assert_one_error_line(job[0], '--step_timeout_secs=%d: a worker of ' % STEP_TIMEOUT_SECS)
     job[1].kill()
   saved = helpers.global_step(tmp_path)
   assert saved >= 10
@@ -267,7 +268,7 @@ def test_all_reduce_tf_config_chief_and_worker_without_ps_both_exit_0(tasks, tmp
   hosts = ['127.0.0.1:%d' % port for port in local_cluster.free_ports(2)]
   cluster = {'chief': hosts[:1], 'worker': hosts[1:]}
   flags = ['dist_train.py', '--train_dir=%s' % tmp_path] + [
-      flag.replace('--max_steps=400', '--max_steps=30') for flag in JOB_FLAGS]
+      flag.replace('--max_steps=200', '--max_steps=30') for flag in JOB_FLAGS]
   job = [tasks(flags, env=dict(os.environ, TF_CONFIG=helpers.tf_config(cluster, kind, 0)))
          for kind in ('chief', 'worker')]
   assert [task.finish() for task in job] == [0, 0], [task.log() for task in job]

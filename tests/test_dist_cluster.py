@@ -234,7 +234,8 @@ REFUSED = [
     (dict(TF_CONFIG='{"cluster": '), [], r'^error: TF_CONFIG is not JSON \('),
     (dict(TF_CONFIG=json.dumps({'cluster': {'worker': ['127.0.0.1:2']},
                                 'task': {'type': 'worker', 'index': 0}})), [],
-     r'^error: TF_CONFIG\'s "cluster" has no "ps" task'),
+     r'^error: the cluster has no ps task, and without --all_reduce the variables live on '
+     r'ps tasks: give --all_reduce'),
     (dict(TF_CONFIG=tf_config(GOOD, 'worker', 3)), [],
      r'^error: TF_CONFIG\'s task is worker 3, but "cluster" lists 1 worker task\(s\) \(0\.\.0\)'),
     (dict(TF_CONFIG=tf_config(GOOD, 'worker', 0)), ['--task_index=1'],
@@ -244,7 +245,8 @@ REFUSED = [
      r'^error: TF_CONFIG is not set, and --cluster=tf_config'),
     # Every cluster description is checked before anything is locked, written or served.
     (dict(TF_CONFIG=tf_config({'ps': [], 'worker': ['127.0.0.1:2']}, 'worker', 0)), [],
-     r'^error: TF_CONFIG\'s "cluster" has no "ps" task'),
+     r'^error: TF_CONFIG\'s "cluster" job "ps" lists no task; give it its tasks\' '
+     r'"host:port", or leave the job out$'),
     (dict(TF_CONFIG=tf_config({'ps': [ONE_PORT], 'worker': [ONE_PORT]}, 'worker', 0)), QUICK,
      r'^error: TF_CONFIG\'s "cluster": ps 0 and worker 0 are both at %s; each task listens '
      r'on a port of its own' % ONE_PORT),
