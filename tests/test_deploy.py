@@ -39,16 +39,16 @@ def replica_specs(path=TFJOB):
   return specs
 
 
-def jobset_manifest():
-  """jobset.yaml's documents: {kind: the document}."""
-  return manifests.manifest(JOBSET)
+def jobset_manifest(path=JOBSET):
+  """jobset.yaml's documents (or another JobSet's): {kind: the document}."""
+  return manifests.manifest(path)
 
 
 def built_in_objects():
   """(where, object) for every object of a built-in kind in the manifests, those that
   the CRDs hold wrapped in the kind that holds them (a Job, a PodTemplate)."""
   found = []
-  for path in (TFJOB, JOBSET, manifests.TFJOB_ALL_REDUCE):
+  for path in (TFJOB, JOBSET, manifests.TFJOB_ALL_REDUCE, manifests.JOBSET_ALL_REDUCE):
     for kind, document in manifests.manifest(path).items():
       where = '%s %s' % (os.path.basename(path), kind)
       if kind == 'TFJob':
@@ -252,18 +252,35 @@ def test_jobset_manifest_network_policy_admits_only_the_jobsets_pods_on_the_task
 
 @pytest.mark.xdist_group('helpshort')
 def test_jobset_manifest_names_only_flags_the_programs_take(known_flags):
-  for rjob in jobset_manifest()['JobSet']['spec']['replicatedJobs']:
-    container, = rjob['template']['spec']['template']['spec']['containers']
-    assert unknown_flags(container['command'], known_flags) == [], rjob['name']
+  for path in (JOBSET, manifests.JOBSET_ALL_REDUCE):
+    for rjob in jobset_manifest(path)['JobSet']['spec']['replicatedJobs']:
+      container, = rjob['template']['spec']['template']['spec']['containers']
+      assert unknown_flags(container['command'], known_flags) == [], rjob['name']
+
+
+def test_jobset_all_reduce_manifest_is_jobset_without_ps_every_pod_a_fitting_worker():
+  ps, all_reduce = [jobset_manifest(path)['JobSet'] for path in (JOBSET,
+                                                                  manifests.JOBSET_ALL_REDUCE)]
+  [worker] = all_reduce['spec']['replicatedJobs']
+  [ps_worker] = [r for r in ps['spec']['replicatedJobs'] if r['name'] == 'worker']
+  container, = worker['template']['spec']['template']['spec']['containers']
+  assert '--all_reduce' in container['command'] and 'dependsOn' not in worker
+  job = worker['template']['spec']
+  assert job == ps_worker['template']['spec'] | {'template': job['template']}  # but the pods
+  for index in range(job['completions']):
+    cluster = cluster_jobset.from_jobset(pod_environment(all_reduce, worker, 0, index))
+    assert (cluster.ps_hosts, cluster.job_name, cluster.task_index) == ([], 'worker', index)
+    assert len(cluster.worker_hosts) == job['completions']
+    assert cluster_env.mode_misfit(len(cluster.ps_hosts), all_reduce=True) is None
 
 
 def test_manifests_built_in_kinds_valid_by_kubernetes_schemas():
   objects = built_in_objects()
   assert sorted({obj['kind'] for _, obj in objects}) == [
       'Job', 'NetworkPolicy', 'PersistentVolumeClaim', 'PodTemplate']
-  # 2 claims, 1 policy, 4 + 3 TFJob replicas (tfjob.yaml's, tfjob-all-reduce.yaml's),
-  # 2 replicatedJobs
-  assert len(objects) == 12
+  # 2 claims, 2 policies, 4 + 3 TFJob replicas and 2 + 1 replicatedJobs (jobset.yaml's,
+  # tfjob.yaml's, and their all-reduce files')
+  assert len(objects) == 14
   for version in SCHEMA_VERSIONS:
     for where, obj in objects:
       try:

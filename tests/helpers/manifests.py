@@ -11,6 +11,7 @@ from helpers.processes import ROOT
 TFJOB = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob.yaml')
 JOBSET = os.path.join(ROOT, 'deploy', 'kubernetes', 'jobset.yaml')
 TFJOB_ALL_REDUCE = os.path.join(ROOT, 'deploy', 'kubernetes', 'tfjob-all-reduce.yaml')
+JOBSET_ALL_REDUCE = os.path.join(ROOT, 'deploy', 'kubernetes', 'jobset-all-reduce.yaml')
 TFJOB_PORT = 2222         # the operator's default: no container port named tfjob-port
 NAMESPACE = 'default'     # kubectl apply's, without -n
 _QUANTITY = re.compile(r'^([0-9.]+)(m|k|M|G|Ki|Mi|Gi)?$')
