@@ -197,8 +197,15 @@ class AllReduceUpdates(worker_updates.ModeDefaults):
     """Every worker, before its first step: its variables become the chief's (restored
     or initialised), so that every copy starts from the same point."""
     run = self._run
-    run_fetch(self._from_chief, options=tf.compat.v1.RunOptions(
-        timeout_in_ms=timeout_secs * 1000))
+    try:
+      run_fetch(self._from_chief, options=tf.compat.v1.RunOptions(
+          timeout_in_ms=timeout_secs * 1000))
+    except tf.errors.DeadlineExceededError:
+      raise errors.PeerGone(
+          '%s: the chief\'s variables did not reach every worker within '
+          '--startup_timeout_secs=%d: %s. %s, or raise --startup_timeout_secs.' % (
+              run.who, timeout_secs, self._gone_workers() or 'a worker of %s has stopped or '
+              'is cut off' % ','.join(run.cluster.job_tasks('worker')), RERUN)) from None
     print('%s: %s' % (run.who, 'its variables sent to every worker' if run.is_chief else
                       'its variables are the chief\'s'), flush=True)
 
@@ -209,8 +216,11 @@ class AllReduceUpdates(worker_updates.ModeDefaults):
     step = outcome.step_after
     if step % self._save_every_n_steps and not self.stopped_by:
       return
-    checksum, extremes = run_fetch(self._compare, options=tf.compat.v1.RunOptions(
-        timeout_in_ms=timeout_secs * 1000))
+    try:  # a collective as the step's, timed out as it
+      checksum, extremes = run_fetch(self._compare, options=tf.compat.v1.RunOptions(
+          timeout_in_ms=timeout_secs * 1000))
+    except tf.errors.DeadlineExceededError:
+      raise errors.PeerGone(self.slow_step_message(timeout_secs)) from None
     highest, lowest = extremes[0], -extremes[1]
     if highest != lowest:
       raise errors.TrainingError(
