@@ -36,8 +36,8 @@ from benchmarks.loss_lines import LOSS_LINE, steps_by_task
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 2222                  # every task's port, each at an address of its own
 RUN_TIMEOUT_SECS = 900       # one job, start to its last measured step
-MODES = {'async ps': ['--local_ps'], 'sync ps': ['--local_ps', '--sync_replicas'],
-         'all-reduce': ['--all_reduce']}  # --local_ps: this file's mark, not a flag
+MODES = {'async ps': (1, []), 'sync ps': (1, ['--sync_replicas']),  # (ps tasks, flags)
+         'all-reduce': (0, ['--all_reduce'])}
 
 
 def parse_args(argv):
@@ -70,7 +70,7 @@ def rate_bytes_per_sec(rate):
 
 def job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args):
   job_name, index = task
-  flags = [f for f in MODES[mode] if f != '--local_ps']
+  _, flags = MODES[mode]
   return [sys.executable, '-u', os.path.join(ROOT, 'dist_train.py'), '--job_name=' + job_name,
           '--task_index=%d' % index, '--ps_hosts=' + ','.join(ps_hosts),
           '--worker_hosts=' + ','.join(worker_hosts), '--allow_nonloopback_hosts',
@@ -82,8 +82,8 @@ def job_argv(mode, task, ps_hosts, worker_hosts, train_dir, args):
 
 def run_job(lab, mode, num_workers, rate, args):
   """One job in the lab, every link at rate; returns its row (a dict)."""
-  uses_ps = '--local_ps' in MODES[mode]
-  tasks = ([('ps', 0)] if uses_ps else []) + [('worker', i) for i in range(num_workers)]
+  num_ps, _ = MODES[mode]
+  tasks = [('ps', i) for i in range(num_ps)] + [('worker', i) for i in range(num_workers)]
   hosts = {task: lab.add_host('%s%d-%d' % (task[0], task[1], len(lab.hosts)))
            for task in tasks}
   for host in hosts.values():

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import helpers
-from benchmarks import dist_rows, loss_lines, runner, targets  # they import no TensorFlow
+from benchmarks import dist_rows, loss_lines, netlab, runner, targets  # no TensorFlow
 
 BENCHMARK = [sys.executable, '-m', 'benchmarks']  # from the repository's root, helpers.run's cwd
 TIMEOUT_SECS = 600        # --quick's run, with room for a loaded machine (docs/performance.md)
@@ -377,6 +377,36 @@ def test_targets_check_quick_prints_measured_values_and_no_verdict(capsys):
   assert results[0]['measured'] == {'N=1': 0.5} and 'N=1 0.50' in out
   assert 'SHORT' not in out and ' met' not in out and 'not measured' not in out, out
   assert 'no verdict' in out and 'run without --quick' in out, out
+
+
+NET_ROW = re.compile(  # python -m benchmarks.net_rows's rows at 200mbit, 2 workers
+    r'^200mbit +2 +(async ps|sync ps|all-reduce) +(\d+) +([\d.]+) +(\d+) +(\d+)%$', re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_net_rows_each_mode_on_shaped_links_its_rate_bytes_and_bound():
+  why = netlab.available()
+  if why:
+    pytest.skip(why)
+  run = helpers.run([sys.executable, '-m', 'benchmarks.net_rows', '--rates=200mbit',
+                     '--workers=2', '--batch_size=8', '--warmup=1', '--steps=3',
+                     '--repeats=1'], timeout=TIMEOUT_SECS)
+  assert run.code == 0, run.log()
+  rows = {mode: [float(n) for n in numbers]
+          for mode, *numbers in NET_ROW.findall(run.out)}
+  assert sorted(rows) == ['all-reduce', 'async ps', 'sync ps'], run.out
+  megabytes = {mode: row[1] for mode, row in rows.items()}
+  # A ps link carries each worker's 4.27 MB gradient in sync, one in async; all-reduce's
+  # ring, at 2 workers, the same 4.27 MB through every link (gRPC's framing beside).
+  assert 4.2 < megabytes['async ps'] < 4.8 and 4.2 < megabytes['all-reduce'] < 4.8, rows
+  assert 1.8 < megabytes['sync ps'] / megabytes['async ps'] < 2.2, rows
+  for mode, (ex_per_sec, megabytes_, bound, share) in rows.items():
+    # The bound: 200 Mbit/s (25 MB/s) over the bytes, times the examples of an update.
+    examples = 8 * (1 if mode == 'async ps' else 2)
+    assert abs(bound - 25.0 / megabytes_ * examples) < 0.02 * bound + 1, rows
+    assert 0 < ex_per_sec <= 1.1 * bound and 0 < share <= 110, rows
+  assert '200mbit, 2 workers: all-reduce / sync ps = ' in run.out
 
 
 @pytest.mark.slow
