@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # tf.raw_ops' without its keys' bookkeeping
 
 from distributed import worker_sessions, worker_updates
-from training import errors, mixed_precision, steps, updates
+from training import errors, mixed_precision, updates
 
 GROUP_KEY = 1                # the collective group: every worker of the job
 FROM_CHIEF_KEY = 1           # the collectives' instance keys, one per op: the start's ...
@@ -136,7 +136,7 @@ def compare_copies(variables, num_workers):
   return checksum, extremes
 
 
-class AllReduceUpdates(worker_updates.ModeDefaults):
+class AllReduceUpdates(worker_updates.AppliedByEachWorker):
   """Every worker applies the mean of all workers' gradients to its own variables, then
   its moving averages, then counts the update: one global step per step, the same on
   every worker."""
@@ -162,23 +162,14 @@ class AllReduceUpdates(worker_updates.ModeDefaults):
     self._stopping = tf.compat.v1.placeholder_with_default(tf.zeros([n]), [n],
                                                            name='workers_stopping')
     mean, stopping = mean_of_workers(grads, self._stopping, n)
-    apply_fn = lambda: updates.apply_average_count(opt, mean, global_step, model)
-    skip_check = []
-    if fp16:
-      update = mixed_precision.apply_or_skip(apply_fn, mixed_precision.all_finite(mean),
-                                             fp16.loss_scale, fp16.scale)
-      train_op, skip_check = update.train_op, list(update[1:])
-    else:
-      train_op = apply_fn()
-    with tf.control_dependencies([train_op]):
-      step_after = tf.identity(global_step.read_value())
+    # Every copy reaches max_steps at the same step: the hook stops them together.
+    update = self.applied_update(
+        lambda: updates.apply_average_count(opt, mean, global_step, model),
+        fp16 and mixed_precision.all_finite(mean), global_step, max_steps, fp16, stopping)
     copies = tf.compat.v1.global_variables()  # the model, its averages, the step, fp16's scale
     self._from_chief = from_chief(copies, run.is_chief, n)
     self._compare = compare_copies(copies, n)
-    # Every copy reaches max_steps at the same step: the hook stops them together.
-    return worker_updates.Update(
-        train_op, worker_updates.Outcome(step_after, skip_check, stopping),
-        [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)])
+    return update
 
   def step_feed(self, stop):
     """This step's flags: this worker's set once it is asked to stop."""
@@ -232,27 +223,6 @@ class AllReduceUpdates(worker_updates.ModeDefaults):
   def stops_before_step(self, stop):
     del stop  # a stopping worker's next step carries its flag to the others
     return bool(self.stopped_by)
-
-  def shown_step(self, step, outcome):
-    del step
-    return outcome.step_after
-
-  def applied(self, outcome):
-    """fp16: False, having said so, when the mean overflowed (on every worker alike)."""
-    if outcome.skip_check and not outcome.skip_check[0]:
-      steps.check_skip(outcome.step_after + 1, *outcome.skip_check[1:])
-      return False
-    return True
-
-  def handed_own_token(self, step, outcome):
-    del step, outcome
-    return False  # no tokens: a step returns when every worker's gradient is in
-
-  def release_workers(self, sess):
-    del sess  # every copy reaches max_steps at the same step
-
-  def release_stopping_step(self):
-    return None  # a stopping worker's step returns with the others' (or fails)
 
   def step_stopped_at(self, match, run_fetch, run):
     del match, run_fetch, run

@@ -325,7 +325,51 @@ class Update(typing.NamedTuple):
   hooks: list            # StopAtStepHook; sync, the optimizer's (its queue runner, tokens)
 
 
-class AsyncUpdates(ModeDefaults):
+class AppliedByEachWorker(ModeDefaults):
+  """A mode whose every worker step applies an update itself (async: its own gradient to
+  the ps tasks' variables; all-reduce: the workers' mean to its own copy): one global
+  step per worker step, an fp16 overflow skipped by the worker that sees it."""
+
+  def applied_update(self, apply_fn, all_finite, global_step, max_steps, fp16,
+                     stopping=None):
+    """The Update of apply_fn() (the update, its moving averages, its count); with fp16
+    (an Fp16), only where all_finite, the shared scale halved or grown from the scale
+    the step read. stopping: all-reduce's flags, fetched with the step."""
+    skip_check = []
+    if fp16:
+      update = mixed_precision.apply_or_skip(apply_fn, all_finite, fp16.loss_scale,
+                                             fp16.scale)
+      train_op, skip_check = update.train_op, list(update[1:])
+    else:
+      train_op = apply_fn()
+    with tf.control_dependencies([train_op]):
+      step_after = tf.identity(global_step.read_value())  # this worker's update included
+    return Update(train_op, Outcome(step_after, skip_check, [] if stopping is None else stopping),
+                  [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)])
+
+  def shown_step(self, step, outcome):
+    del step
+    return outcome.step_after
+
+  def applied(self, outcome):
+    """fp16: False, having said so, when this step's update overflowed."""
+    if outcome.skip_check and not outcome.skip_check[0]:
+      steps.check_skip(outcome.step_after + 1, *outcome.skip_check[1:])
+      return False
+    return True
+
+  def handed_own_token(self, step, outcome):
+    del step, outcome
+    return False  # a step that applies its own update waits for no token
+
+  def release_workers(self, sess):
+    del sess  # every worker stops by itself at max_steps
+
+  def release_stopping_step(self):
+    return None  # nothing to hand a stopping step
+
+
+class AsyncUpdates(AppliedByEachWorker):
   """Each worker applies its own averaged gradient, then the moving averages: one
   global step per worker step, claimed first, so exactly max_steps land."""
   gradients_per_update = 1
@@ -348,38 +392,8 @@ class AsyncUpdates(ModeDefaults):
     apply_fn = lambda: updates.then_average(
         claim_then_apply(opt, grads, global_step, max_steps),
         updates.moving_averages(global_step, model))
-    skip_check = []
-    if fp16:
-      update = mixed_precision.apply_or_skip(apply_fn, fp16.all_finite, fp16.loss_scale,
-                                             fp16.scale)
-      train_op, skip_check = update.train_op, list(update[1:])
-    else:
-      train_op = apply_fn()
-    with tf.control_dependencies([train_op]):
-      step_after = tf.identity(global_step.read_value())  # this worker's update included
-    return Update(train_op, Outcome(step_after, skip_check),
-                  [tf.compat.v1.train.StopAtStepHook(last_step=max_steps)])
-
-  def shown_step(self, step, outcome):
-    del step
-    return outcome.step_after
-
-  def applied(self, outcome):
-    """fp16: False, having said so, when this worker's own step overflowed."""
-    if outcome.skip_check and not outcome.skip_check[0]:
-      steps.check_skip(outcome.step_after + 1, *outcome.skip_check[1:])
-      return False
-    return True
-
-  def handed_own_token(self, step, outcome):
-    del step, outcome
-    return False  # an async step waits for no token
-
-  def release_workers(self, sess):
-    del sess  # every worker stops on its own claim past max_steps
-
-  def release_stopping_step(self):
-    return None  # an async step waits for no other worker
+    return self.applied_update(apply_fn, fp16 and fp16.all_finite, global_step, max_steps,
+                               fp16)
 
   def fp16_line(self):
     return loss_scale_line('the worker that had it')

@@ -246,6 +246,18 @@ def wait_for_checkpoint(env, pods, chief, step):
     time.sleep(0.5)
 
 
+def restart_and_resume(env, pods, chief, first_run, step):
+  """Starts the pods' containers again (as the operator or kubelet restarts them): every
+  one exits 0, and the chief's new lines (past first_run, its lines per log before)
+  resume from step."""
+  restarted = docker(env, 'start', *[pod.name for pod in pods])
+  assert restarted.code == 0, restarted.log()
+  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
+  rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
+  assert matches(RESUMING_LINE, rerun)[0].groups() == (str(step), str(step)), job_log(
+      env, pods)
+
+
 def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_containers_resume(
     env, tmp_path, sample):
   job = 'tfjob'
@@ -263,13 +275,7 @@ def test_tfjob_pods_stopped_like_kubelet_chief_saves_all_exit_143_same_container
   step = int(stopped.group(2))
   assert stopped.group(1) == 'SIGTERM' and 10 <= step < MAX_STEPS[job], stopped.group(0)
   assert helpers.global_step(shared / 'train' / ('model.ckpt-%d' % step)) == step
-
-  restarted = docker(env, 'start', *[pod.name for pod in pods])
-  assert restarted.code == 0, restarted.log()
-  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
-  rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
-  assert matches(RESUMING_LINE, rerun)[0].groups() == (str(step), str(step)), job_log(
-      env, pods)
+  restart_and_resume(env, pods, chief, first_run, step)
   last = shared / 'train' / ('model.ckpt-%d' % MAX_STEPS[job])
   assert helpers.global_step(last) == MAX_STEPS[job]
 
@@ -308,11 +314,5 @@ def test_tfjob_all_reduce_worker_pod_killed_others_exit_138_restarted_resume_to_
   codes = wait_for_exits(env, pods)
   assert sorted(codes) == [137, 138, 138], (codes, job_log(env, pods))
   first_run = [len(lines) for lines in chief.logs(env)]
-  saved = helpers.global_step(shared / 'train')
-  restarted = docker(env, 'start', *[pod.name for pod in pods])
-  assert restarted.code == 0, restarted.log()
-  assert wait_for_exits(env, pods) == [0] * len(pods), job_log(env, pods)
-  rerun = sum((lines[n:] for lines, n in zip(chief.logs(env), first_run)), [])
-  assert matches(RESUMING_LINE, rerun)[0].groups() == (str(saved), str(saved)), job_log(
-      env, pods)
+  restart_and_resume(env, pods, chief, first_run, helpers.global_step(shared / 'train'))
   assert helpers.global_step(shared / 'train') == ALL_REDUCE_STEPS

@@ -15,7 +15,7 @@ import pytest
 import helpers
 from helpers import QUICK_FLAGS, STEADY_FLAGS, WORKER_LOSS_LINE, step_at_least
 from benchmarks import netlab
-from distributed import local_cluster
+from distributed import all_reduce, local_cluster
 from distributed.worker_sessions import STEP_SLACK_SECS
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
@@ -108,6 +108,29 @@ def test_whole_job_sigterm_during_worker_ps_blackhole_every_task_143_within_15_s
   stopped = helpers.matches(helpers.STOPPED_LINE, job['worker0'].lines)
   assert [m.group(1) for m in stopped] == ['SIGTERM'], job['worker0'].log()
   assert helpers.global_step(tmp_path) == int(stopped[0].group(2))
+
+
+def test_all_reduce_workers_cut_off_from_each_other_both_exit_138_at_the_step_timeout(
+    lab, tasks, tmp_path):
+  # No ps: each worker's all-reduce waits on packets that never come (not a refused
+  # connection), until TensorFlow's timeout cancels it; one line each, no traceback.
+  job, hosts, _ = start_job(lab, tasks, tmp_path, '--max_steps=100000', '--all_reduce',
+                            names=('worker0', 'worker1'))
+  for host in hosts.values():
+    lab.shape(host, '200mbit')
+  for name in job:
+    job[name].wait_for(step_at_least(3), 'step 3')
+  lab.cut(hosts['worker0'], hosts['worker1'])
+  cut_at = time.time()
+  ended = exit_times(job, cut_at)
+  for name, task in job.items():
+    assert task.finish() == 138, task.log()
+    assert ended[name] < STEP_TIMEOUT_SECS + all_reduce.STEP_SLACK_SECS + 2 + 1, (ended,
+                                                                                  task.log())
+    errors = [line for line in task.err_lines if line.startswith('error: ')]
+    assert len(errors) == 1 and '--step_timeout_secs=%d: ' % STEP_TIMEOUT_SECS in errors[0], (
+        task.log())
+    assert 'Traceback' not in task.text, task.log()
 
 
 def test_chief_cut_off_past_its_step_timeout_rerun_goes_on_from_the_ps_step(
