@@ -10,7 +10,6 @@ Every process is killed when its test ends, pass or fail.
 """
 import os
 import re
-import shutil
 import signal
 import time
 
@@ -300,14 +299,8 @@ def test_all_reduce_worker_whose_update_differs_both_stop_at_the_save_naming_the
   # Worker 1 runs a checkout whose update doubles the gradient: outside the towers,
   # where run_match's fingerprint does not look, so it joins. The copies part at the
   # first update; the comparison at the first save step stops both, naming it.
-  copy = tmp_path / 'other_checkout'
-  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
-  module = copy / 'training' / 'updates.py'
-  text, count = re.subn(r'opt\.apply_gradients\(grads\)',
-                        'opt.apply_gradients([(2 * g, v) for g, v in grads])',
-                        module.read_text())
-  assert count == 1, 'no apply_gradients(grads) in %s' % module
-  module.write_text(text)
+  copy = helpers.other_checkout(tmp_path, 'training/updates.py', [
+      (r'opt\.apply_gradients\(grads\)', 'opt.apply_gradients([(2 * g, v) for g, v in grads])')])
   commands = helpers.job_commands(0, 2, JOB_FLAGS + ['--train_dir=%s' % (tmp_path / 'train')])
   commands['worker1'][2] = str(copy / 'dist_train.py')  # [python, -u, dist_train.py, ...]
   job, _ = start_job(tasks, None, commands=commands)

@@ -202,14 +202,9 @@ def test_worker_built_from_other_model_constants_refused_in_one_line_chief_unhar
     tasks, tmp_path):
   # The worker runs a copy of the project whose MNIST hidden layer and learning rate
   # differ: as a worker started from another checkout would.
-  copy = tmp_path / 'other_checkout'
-  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
-  model = copy / 'mnist' / 'model.py'
-  text = model.read_text()
-  for name, value in (('LAYER1_NODE', 600), ('INITIAL_LEARNING_RATE', 0.5)):
-    text, count = re.subn(r'^%s = .*$' % name, '%s = %s' % (name, value), text, flags=re.M)
-    assert count == 1, name
-  model.write_text(text)
+  copy = helpers.other_checkout(tmp_path, 'mnist/model.py', [
+      (r'^%s = .*$' % name, '%s = %s' % (name, value))
+      for name, value in (('LAYER1_NODE', 600), ('INITIAL_LEARNING_RATE', 0.5))])
   hosts = hand_started(2)
   flags = [*hosts, *helpers.STEADY_FLAGS, '--max_steps=50', '--startup_timeout_secs=60']
   tasks(['dist_train.py', '--job_name=ps', '--task_index=0', *hosts])
@@ -249,12 +244,8 @@ def _other_worker(case, sample, tmp_path):
     return program, ['--data_dir=%s' % copy, '--data_md5=%s' % sample.md5], (
         'md5 of data_batch_1.bin is "%s" here' % hashlib.md5(data).hexdigest())
   # 'edited code': a checkout whose model uses sigmoid for relu, its constants unchanged
-  copy = tmp_path / 'other_checkout'
-  shutil.copytree(helpers.ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
-  model = copy / 'cifar10' / 'model.py'
-  text, count = re.subn(r'\btf\.nn\.relu\b', 'tf.nn.sigmoid', model.read_text())
-  assert count, 'no relu in %s' % model
-  model.write_text(text)
+  copy = helpers.other_checkout(tmp_path, 'cifar10/model.py',
+                                [(r'\btf\.nn\.relu\b', 'tf.nn.sigmoid')])
   return [sys.executable, '-u', str(copy / 'dist_train.py')], sample.flags, (
       'its training graph (tower 0: the model, its loss and gradients, devices aside) is '
       'not the chief\'s: the code differs')

@@ -25,7 +25,7 @@ from helpers.lines import (DONE_LINE, LOSS_LINE, PRECISION_LINE, RESUMING_LINE, 
 from helpers.files import (Sample, checkpoint, cifar10_test_records, copy_checkpoint,
                            event_files, global_step, modes, scalar_steps_per_file, scalars,
                            scalars_per_file, summary_tags, tree, umask, write_sample,
-                           write_start_checkpoint)
+                           write_start_checkpoint, other_checkout)
 from helpers.clusters import (PREEMPT_STEPS, QUICK_FLAGS, STEADY_FLAGS,
                               assert_done_at_max_steps, chief_stopped_at_its_first_step,
                               fake_nvidia_smi, job_commands, local_cluster_task,

@@ -145,3 +145,22 @@ def write_start_checkpoint(train_dir):
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       checkpoints.save_checkpoint(sess, checkpoints.make_saver(), str(train_dir), 0, keep=1)
+
+
+def other_checkout(tmp_path, path, edits):
+  """A copy of the project (without .git and tests) at tmp_path/other_checkout, as a task
+  started from another checkout runs it, whose file `path` has each (pattern,
+  replacement) of edits made wherever it matches (re.M), at least once; returns the
+  copy's root."""
+  import re
+  import shutil
+  from helpers.processes import ROOT
+  copy = tmp_path / 'other_checkout'
+  shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns('.git', 'tests'))
+  edited = copy / path
+  text = edited.read_text()
+  for pattern, replacement in edits:
+    text, count = re.subn(pattern, replacement, text, flags=re.M)
+    assert count, 'nothing matches in %s: %s' % (edited, pattern)
+  edited.write_text(text)
+  return copy
