@@ -32,6 +32,7 @@ import threading
 
 from benchmarks import netlab
 from benchmarks.loss_lines import LOSS_LINE, steps_by_task
+from benchmarks.timing import ArgumentParser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 2222                  # every task's port, each at an address of its own
@@ -41,11 +42,13 @@ MODES = {'async ps': (1, []), 'sync ps': (1, ['--sync_replicas']),  # (ps tasks,
 
 
 def parse_args(argv):
-  parser = argparse.ArgumentParser(prog='python -m benchmarks.net_rows', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = ArgumentParser(prog='python -m benchmarks.net_rows', description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          allow_abbrev=False)  # a mistake: one line (benchmarks/timing.py)
   parser.add_argument('--rates', default='unshaped,1gbit,200mbit',
                       help='link rates, tc\'s words, or unshaped; comma-separated')
-  parser.add_argument('--workers', default='2,4', help='worker counts, comma-separated')
+  parser.add_argument('--workers', default=[2, 4], type=worker_counts,
+                      help='worker counts, comma-separated')
   parser.add_argument('--modes', default=','.join(MODES), help='of: ' + ', '.join(MODES))
   parser.add_argument('--batch_size', type=int, default=128, help='images per worker step '
                       '(multi_gpu_train.py\'s BATCH_SIZE)')
@@ -56,6 +59,17 @@ def parse_args(argv):
   parser.add_argument('--repeats', type=int, default=3, help='rounds over every job, '
                       'interleaved; the table shows medians')
   return parser.parse_args(argv)
+
+
+def worker_counts(text):
+  """'2,4' -> [2, 4]; argparse says what is wrong with anything else, in one line."""
+  try:
+    counts = [int(n) for n in text.split(',')]
+  except ValueError:
+    counts = [0]
+  if min(counts) < 1:
+    raise argparse.ArgumentTypeError('%r is not worker counts such as 2,4' % text)
+  return counts
 
 
 def rate_bytes_per_sec(rate):
@@ -208,7 +222,7 @@ def main(argv):
   if unknown:
     raise SystemExit('error: --modes: %s unknown; give some of %s' % (unknown, list(MODES)))
   jobs = [(rate, workers, mode) for rate in args.rates.split(',')
-          for workers in map(int, args.workers.split(',')) for mode in modes]
+          for workers in args.workers for mode in modes]
   for rate in args.rates.split(','):
     rate_bytes_per_sec(rate)  # checked before the first job
   runs, local_runs = {}, {}

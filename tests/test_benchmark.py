@@ -383,6 +383,15 @@ NET_ROW = re.compile(  # python -m benchmarks.net_rows's rows at 200mbit, 2 work
     r'^200mbit +2 +(async ps|sync ps|all-reduce) +(\d+) +([\d.]+) +(\d+) +(\d+)%$', re.M)
 
 
+@pytest.mark.parametrize('flag, said', [
+    ('--rates=fast', "error: --rates: 'fast' is not unshaped or a rate such as 200mbit\n"),
+    ('--workers=2,x', "error: argument --workers: '2,x' is not worker counts such as 2,4 "
+                      "(--help lists the flags)\n")])
+def test_net_rows_bad_flag_exits_with_one_line_naming_it(flag, said):
+  run = helpers.run([sys.executable, '-m', 'benchmarks.net_rows', flag])
+  assert run.code in (1, 2) and run.err == said and run.out == '', run.log()
+
+
 @pytest.mark.slow
 @pytest.mark.network
 def test_net_rows_each_mode_on_shaped_links_its_rate_bytes_and_bound():
