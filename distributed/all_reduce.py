@@ -148,6 +148,7 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
     self.gradients_per_update = run.num_workers
     self._save_every_n_steps = save_every_n_steps
     self._stopping = self._from_chief = self._compare = None  # made by build()
+    self._max_steps = None  # build()'s: the last save, compared too
     self.stopped_by = []   # the workers whose stop ended the loop, once all agreed on it
 
   def build(self, opt, grads, global_step, model, max_steps, fp16=None):
@@ -159,6 +160,7 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
     """
     run = self._run
     n = run.num_workers
+    self._max_steps = max_steps
     self._stopping = tf.compat.v1.placeholder_with_default(tf.zeros([n]), [n],
                                                            name='workers_stopping')
     mean, stopping = mean_of_workers(grads, self._stopping, n)
@@ -195,17 +197,19 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
       raise errors.PeerGone(
           '%s: the chief\'s variables did not reach every worker within '
           '--startup_timeout_secs=%d: %s. %s, or raise --startup_timeout_secs.' % (
-              run.who, timeout_secs, self._gone_workers() or 'a worker of %s has stopped or '
-              'is cut off' % ','.join(run.cluster.job_tasks('worker')), RERUN)) from None
+              run.who, timeout_secs, self._missing_workers(), RERUN)) from None
     print('%s: %s' % (run.who, 'its variables sent to every worker' if run.is_chief else
                       'its variables are the chief\'s'), flush=True)
 
   def after_step(self, run_fetch, outcome, timeout_secs):
-    """After each step: the stop all agreed on, and at each save step the copies
-    compared. errors.TrainingError when they differ."""
+    """After each step: the stop all agreed on, and at each step the chief saves (every
+    --save_every_n_steps, the last, a stop's) the copies compared. errors.TrainingError
+    when they differ."""
     self.stopped_by = [i for i, flag in enumerate(outcome.stopping) if flag > 0]
     step = outcome.step_after
-    if step % self._save_every_n_steps and not self.stopped_by:
+    saved = (step % self._save_every_n_steps == 0 or step >= self._max_steps or
+             self.stopped_by)
+    if not saved:
       return
     try:  # a collective as the step's, timed out as it
       checksum, extremes = run_fetch(self._compare, options=tf.compat.v1.RunOptions(
@@ -274,15 +278,20 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
             if i != run.task_index and not worker_sessions.port_answers(host)]
     return gone and '%s no longer answer%s' % (', '.join(gone), 's' * (len(gone) == 1))
 
+  def _missing_workers(self, look=True):
+    """Those whose ports no longer answer (look=False: no port looked at), or that a
+    worker has stopped or is cut off."""
+    return (look and self._gone_workers()) or 'a worker of %s has stopped or is cut off' % (
+        ','.join(self._run.cluster.job_tasks('worker')))
+
   def stuck_step_message(self, secs):
     """The watchdog's, armed before every step: said as it is, no port looked at."""
-    return self._slow_step(secs - STEP_SLACK_SECS, '')
+    return self._slow_step(secs - STEP_SLACK_SECS, look=False)
 
   def slow_step_message(self, step_timeout_secs):
-    return self._slow_step(step_timeout_secs, self._gone_workers())
+    return self._slow_step(step_timeout_secs)
 
-  def _slow_step(self, step_timeout_secs, gone):
+  def _slow_step(self, step_timeout_secs, look=True):
     return ('%s: the all-reduce of a step took more than --step_timeout_secs=%d: %s. %s, or '
-            'raise --step_timeout_secs.' % (
-                self._run.who, step_timeout_secs, gone or 'a worker of %s has stopped or is '
-                'cut off' % ','.join(self._run.cluster.job_tasks('worker')), RERUN))
+            'raise --step_timeout_secs.' % (self._run.who, step_timeout_secs,
+                                            self._missing_workers(look), RERUN))
