@@ -11,8 +11,10 @@ import tensorflow as tf
 import data_sets
 import multi_gpu_train
 from training import input_data, placement
-from benchmarks.timing import (LAYERS, check_losses, load_weights, peak_mb, save_weights,
-                               time_steps, weight_stats)
+from benchmarks.timing import (LAYERS, busy_threads, check_losses, load_weights, peak_mb,
+                               save_weights, time_steps, weight_stats)
+
+BUSY_STEPS = 20                   # --profile: untraced steps, each thread's CPU time read over them
 
 Trainer = collections.namedtuple('Trainer', [
     'graph',           # multi_gpu_train.build's TrainGraph: train_op, update_op, loss, ...
@@ -100,7 +102,8 @@ def start_weights(sess, config):
 
 
 def profile(config):
-  """Where one step's time goes: op time per step by op type, over traced steps.
+  """Where one step's time goes: op time per step by op type, over traced steps, and
+  how busy each thread was over BUSY_STEPS untraced steps before them.
 
   config: as build_trainer's, plus warmup and steps (the traced steps). Each traced
   step is one sess.run of [train op, loss] with RunOptions.FULL_TRACE; an op's time
@@ -118,6 +121,7 @@ def profile(config):
       sess.run([tf.compat.v1.global_variables_initializer(), trainer.input_init])
       for _ in range(config['warmup']):
         sess.run(fetches)
+      threads = busy_threads(lambda: sess.run(fetches), BUSY_STEPS)
       durations = []
       for _ in range(config['steps']):
         metadata = tf.compat.v1.RunMetadata()
@@ -130,4 +134,4 @@ def profile(config):
             micros_by_type[op_type] += node.all_end_rel_micros
   ms_per_step = {op: micros / 1000.0 / config['steps'] for op, micros in micros_by_type.items()}
   return dict(where=trainer.where, ms_per_step=ms_per_step, durations=durations,
-              examples_per_step=config['batch_size'] * len(trainer.devices))
+              threads=threads, busy_steps=BUSY_STEPS, examples_per_step=config['batch_size'] * len(trainer.devices))

@@ -1,7 +1,8 @@
 """The main table: the trainer against both Keras peers at each N, and the machine's rates.
 
-Each repeat runs, in this order: the matmul under each oneDNN setting, the input
-pipeline alone, then at each N ours on synthetic input, the custom-loop peer and
+Each repeat runs, in this order: the matmul under each oneDNN setting, conv2's
+kernels alone (float32 at ours' setting, bfloat16 where the CPU has the units), the
+input pipeline alone, then at each N ours on synthetic input, the custom-loop peer and
 the model.fit peer, each with oneDNN off and then on, the same three in bfloat16
 with oneDNN on (ours --use_bf16, the peers under Keras' mixed_bfloat16; on CPUs with
 bfloat16 units only), ours on real input (at its default) and, at N=1, ours on real
@@ -21,6 +22,10 @@ from benchmarks.runner import (BF16_UNITS, ONEDNN_SETTINGS, OURS_ONEDNN, TENSORF
                                ratio, repeat_tag)
 
 MATMUL_RUNS = 10                  # timed matmuls; the median rate is reported
+CONV2_RUNS = 10                   # timed runs of conv2's three kernels; the median rate
+# conv2's kernel rate, the yardstick of "of conv2": float32 at ours' oneDNN setting, and
+# bfloat16 (oneDNN on) where the CPU has the units, for the bfloat16 rows.
+CONV2_DTYPES = [('float32', OURS_ONEDNN)] + [('bfloat16', True)] * BF16_UNITS
 PEERS = [('peer', 'custom-loop peer'), ('fit', 'model.fit peer')]  # worker kind, label
 BF16_POLICY = 'mixed_bfloat16'    # the peers' Keras policy in the bfloat16 rows
 MNIST_TOWERS = 2                  # the MNIST row: the book's 2 towers ...
@@ -39,7 +44,7 @@ def run_table(args, data_dir):
     dist (None with --skip_dist), targets, runs (every worker's raw result).
   """
   settings = len(ONEDNN_SETTINGS)
-  per_repeat = (settings + 3 + len(args.towers) * (
+  per_repeat = (settings + 3 + 1 + BF16_UNITS + len(args.towers) * (
       1 + settings * (1 if args.skip_peer else 1 + len(PEERS)) +
       BF16_UNITS * (1 if args.skip_peer else 1 + len(PEERS))) + (1 in args.towers) +
                 (0 if args.skip_dist else len(dist_rows.runs_for(args))))
@@ -61,6 +66,7 @@ def run_table(args, data_dir):
   table = summarise(args, runs, flops)
   print_table(args, table)
   print_precisions(args, table)
+  print_of_conv2(args, table)
   dist = None if args.skip_dist else dist_rows.summarise(args, runs)
   table.update(dist=dist, targets=targets.check(table['towers'], dist, args.quick),
                runs=flatten(runs))
@@ -84,6 +90,9 @@ def run_repeat(args, data_dir, start_dir, runner, runs, repeat):
     run(('matmul', on), 'matmul %dx%d oneDNN %s' % (args.matmul_size, args.matmul_size,
                                                     onednn_name(on)),
         dict(kind='matmul', size=args.matmul_size, runs=MATMUL_RUNS, onednn=on))
+  for dtype, on in CONV2_DTYPES:
+    run(('conv2', dtype), 'conv2 forward and gradients %s oneDNN %s' % (dtype, onednn_name(on)),
+        dict(kind='conv2', batch_size=args.batch_size, dtype=dtype, runs=CONV2_RUNS, onednn=on))
   run('pipeline', 'input pipeline alone', dict(kind='pipeline', data_dir=data_dir,
                                                onednn=OURS_ONEDNN, **common))
   for towers in args.towers:
@@ -135,6 +144,8 @@ def summarise(args, runs, flops):
   """
   matmul = {on: statistics.median(r['gflops'] for r in runs[('matmul', on)])
             for on in ONEDNN_SETTINGS}
+  conv2 = {dtype: statistics.median(r['gflops'] for r in runs[('conv2', dtype)])
+           for dtype, _ in CONV2_DTYPES}
   pipeline = rate_stats(runs['pipeline'])
   rows = {}
   for towers in args.towers:
@@ -159,9 +170,11 @@ def summarise(args, runs, flops):
                             for kind, stats in by_setting.items() if stats},
         achieved_gflops=achieved,
         fraction_of_matmul=achieved / matmul[bool(OURS_ONEDNN)],
+        of_conv2=of_conv2(dict(synthetic=ours, peer=peer, fit=fit), flops['total'],
+                          conv2['float32']),
         real_achieved_gflops=real['examples_per_sec'] * flops['total'] / 1e9,
         pipeline_over_synthetic=ratio(pipeline, ours),
-        bf16=bf16_row(runs, towers, by_setting))
+        bf16=bf16_row(runs, towers, by_setting, flops['total'], conv2.get('bfloat16')))
     if towers == 1:
       rows['1']['seeded'] = rate_stats(runs['seeded'])
       rows['1']['seeded_over_unseeded'] = ratio(rows['1']['seeded'], real)
@@ -171,22 +184,33 @@ def summarise(args, runs, flops):
                           by_setting=matmul,
                           per_repeat={on: [r['gflops'] for r in runs[('matmul', on)]]
                                       for on in ONEDNN_SETTINGS}),
+              conv2=dict(gflops=conv2, per_repeat={
+                  dtype: [r['gflops'] for r in runs[('conv2', dtype)]] for dtype in conv2}),
               pipeline=pipeline, towers=rows, mnist=rate_stats(runs['mnist']),
               fp16=dict(rate_stats(runs['fp16']), towers=args.towers[0],
                         over_float32=ratio(rate_stats(runs['fp16']),
                                            rows[str(args.towers[0])]['synthetic_default'])))
 
 
-def bf16_row(runs, towers, float32):
+def of_conv2(stats_by_kind, flops_per_example, conv2_gflops):
+  """{kind: its GFLOP/s over conv2's kernel rate} (None for a kind not run): 1.0 would be
+  a step whose every FLOP ran as fast as conv2's convolutions alone."""
+  return {kind: stats and stats['examples_per_sec'] * flops_per_example / 1e9 / conv2_gflops
+          for kind, stats in stats_by_kind.items()}
+
+
+def bf16_row(runs, towers, float32, flops_per_example, conv2_gflops):
   """The bfloat16 row at N, oneDNN on; None where it was not run (no bfloat16 units).
 
   Args:
     float32: {kind: {oneDNN setting: stats}} of the float32 runs at N.
+    flops_per_example, conv2_gflops: for of_conv2, at conv2's bfloat16 rate.
 
   Returns:
     dict: synthetic (ours --use_bf16), peer, fit (under mixed_bfloat16; None with
     --skip_peer): stats; ours_over_peer, ours_over_fit: bfloat16 over bfloat16;
-    over_float32: {kind: its bfloat16 rate over its own float32 rate at oneDNN on}.
+    over_float32: {kind: its bfloat16 rate over its own float32 rate at oneDNN on};
+    of_conv2: {kind: share of conv2's bfloat16 kernel rate}.
   """
   if ('bf16', towers) not in runs:
     return None
@@ -196,7 +220,8 @@ def bf16_row(runs, towers, float32):
   return dict(stats, ours_over_peer=ratio(stats['synthetic'], stats['peer']),
               ours_over_fit=ratio(stats['synthetic'], stats['fit']),
               over_float32={kind: ratio(stats[kind], float32[kind] and float32[kind][True])
-                            for kind in stats})
+                            for kind in stats},
+              of_conv2=of_conv2(stats, flops_per_example, conv2_gflops))
 
 
 def print_table(args, table):
@@ -283,3 +308,26 @@ def print_precisions(args, table):
         rate(row['fit']), fmt(row['ours_over_fit'], '%.2f'),
         ' / '.join(fmt(row['over_float32'][kind], '%.2f') for kind in ('synthetic', 'peer',
                                                                         'fit'))))
+
+
+def print_of_conv2(args, table):
+  """Each trainer's GFLOP/s as a share of conv2's kernel rate, float32 and bfloat16."""
+  conv2 = table['conv2']['gflops']
+  print()
+  print('Of conv2: conv2\'s forward and both gradient convolutions alone, batch %d: %s. '
+        'Each trainer\'s GFLOP/s (%.1f MFLOP an example) over that rate, in its precision:'
+        % (args.batch_size, ', '.join('%.1f GFLOP/s %s' % (gflops, dtype)
+                                      for dtype, gflops in conv2.items()),
+           table['flops_per_example']['total'] / 1e6))
+  kinds = ('synthetic', 'peer', 'fit')
+  print('towers  float32: ours / custom-loop peer / model.fit peer%s' % (
+      '   bfloat16: ours / custom-loop peer / model.fit peer' if 'bfloat16' in conv2 else ''))
+  for towers in args.towers:
+    row = table['towers'][str(towers)]
+    shares = [' / '.join(fmt(row['of_conv2'][kind] and 100 * row['of_conv2'][kind], '%.0f%%')
+                         for kind in kinds)]
+    if row['bf16']:
+      shares.append(' / '.join(fmt(row['bf16']['of_conv2'][kind] and
+                                   100 * row['bf16']['of_conv2'][kind], '%.0f%%')
+                               for kind in kinds))
+    print('%6d  %-48s  %s' % (towers, shares[0], shares[1] if len(shares) > 1 else ''))

@@ -8,6 +8,7 @@ and why.
 OURS_OVER_PEER = 1.4        # ours / the custom-loop Keras peer, synthetic input, every N
 OURS_OVER_FIT = 1.6         # ours / the model.fit peer, synthetic input, every N
 OF_MATMUL = 0.70            # ours' GFLOP/s at N = 1 / the float32 matmul rate, same oneDNN
+OF_CONV2 = 0.85             # ours' GFLOP/s / conv2's float32 kernel rate, same run, every N
 REAL_OVER_SYNTHETIC = 0.95  # real input / synthetic input, every N
 SEEDED_OVER_UNSEEDED = 0.95  # real input with --seed / without, N = 1
 DIST_OVER_LOCAL = 0.9       # dist_train.py, 1 ps + 1 worker / multi_gpu_train.py, async and sync
@@ -37,6 +38,8 @@ def check(rows, dist, quick=False):
       ('ours / model.fit peer, every N', OURS_OVER_FIT, '%.2f', per_n('ours_over_fit')),
       ('ours of matmul rate at N=1', OF_MATMUL, '%.0f%%',
        {'N=1': rows['1']['fraction_of_matmul']} if '1' in rows else {}),
+      ('ours of conv2 kernel rate, float32, every N', OF_CONV2, '%.0f%%',
+       {'N=%s' % n: row['of_conv2']['synthetic'] for n, row in rows.items()}),
       ('real / synthetic input, every N', REAL_OVER_SYNTHETIC, '%.2f',
        per_n('real_over_synthetic')),
       ('seeded / unseeded real input at N=1', SEEDED_OVER_UNSEEDED, '%.2f',

@@ -4,6 +4,7 @@ Imports no TensorFlow, so the parent (python -m benchmarks) can import it too.
 """
 import argparse
 import math
+import os
 import resource
 import sys
 import time
@@ -41,6 +42,39 @@ def time_steps(run_step, warmup, steps):
     run_step()
     durations.append(time.perf_counter() - start)
   return durations
+
+
+def thread_cpu_seconds():
+  """{thread id: (its name, its user + system CPU seconds so far)} of this process's
+  threads, from /proc (Linux); {} where there is none."""
+  threads = {}
+  try:
+    ids = os.listdir('/proc/self/task')
+  except OSError:
+    return threads
+  for tid in ids:
+    try:
+      with open('/proc/self/task/%s/comm' % tid) as f:
+        name = f.read().strip()
+      with open('/proc/self/task/%s/stat' % tid) as f:
+        fields = f.read().rsplit(')', 1)[1].split()  # after the name, which may hold spaces
+    except OSError:  # the thread ended meanwhile
+      continue
+    threads[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'))
+  return threads
+
+
+def busy_threads(run_step, steps):
+  """Runs `steps` steps; returns [(thread name, share of the wall time it was on a core)]
+  for each thread that ran, busiest first. A thread that spins while it waits for
+  work counts as busy: that share is an upper bound on the work it did."""
+  before, start = thread_cpu_seconds(), time.perf_counter()
+  for _ in range(steps):
+    run_step()
+  wall, after = time.perf_counter() - start, thread_cpu_seconds()
+  shares = [(name, (seconds - before.get(tid, (name, 0.0))[1]) / wall)
+            for tid, (name, seconds) in after.items()]
+  return sorted([share for share in shares if share[1] > 0], key=lambda share: -share[1])
 
 
 def peak_mb():

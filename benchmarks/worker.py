@@ -10,7 +10,8 @@ environment: serve()), which spares each configuration the seconds of importing
 it; the child is a process of its own all the same, with no session, device or
 thread pool made before its config is read. The JSON's kind names the function
 that measures it:
-  flops, matmul, pipeline   measure_machine.py: the model's FLOPs, the machine
+  flops, matmul, conv2,     measure_machine.py: the model's FLOPs, the machine's
+  chains, pipeline          rates, the input alone
   ours, profile             measure_ours.py: the trainer's own graph and step
   peer, fit                 measure_peers.py: the Keras custom loop and model.fit
 The result, a JSON dict of step times and memory, follows RESULT_PREFIX.
@@ -25,6 +26,7 @@ from benchmarks.timing import RESULT_PREFIX, BenchmarkError
 
 # Imported on demand: only the peers pay for importing Keras.
 MODULE_OF_KIND = dict(flops='measure_machine', matmul='measure_machine',
+                      conv2='measure_machine', chains='measure_machine',
                       pipeline='measure_machine', ours='measure_ours', profile='measure_ours',
                       peer='measure_peers', fit='measure_peers')
 

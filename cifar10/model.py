@@ -133,19 +133,22 @@ def _lrn_float32(x):
   depth = x.shape.as_list()[-1]  # an int; shape[-1] is a Dimension under v1 behaviour
   channel = np.arange(depth)
   within = np.abs(channel[:, None] - channel[None, :]) <= LRN_DEPTH_RADIUS
-  band = tf.constant(LRN_ALPHA * within, tf.float32, name='band')  # [depth, depth]
 
-  def band_sums(values):  # alpha * the sums over each channel's band, shaped like x
-    return tf.reshape(tf.matmul(tf.reshape(values, [-1, depth]), band), tf.shape(x))
+  def band_sums(values, factor, bias=None):  # factor * each channel's band sum (+ bias)
+    band = tf.constant(factor * within, tf.float32)  # [depth, depth], symmetric
+    sums = tf.matmul(tf.reshape(values, [-1, depth]), band)
+    if bias is not None:  # one fused kernel with the matmul (grappler's remapper)
+      sums = tf.nn.bias_add(sums, tf.fill([depth], bias))
+    return tf.reshape(sums, tf.shape(x))
 
-  t = LRN_BIAS + band_sums(tf.square(x))
+  t = band_sums(tf.square(x), LRN_ALPHA, bias=LRN_BIAS)
   scale = tf.math.rsqrt(t * tf.sqrt(t))  # t^-0.75: rsqrt is cheaper than pow
   y = x * scale
 
   def grad(upstream):
     # dL/dx_k = g_k scale_k - 1.5 x_k alpha (sum over |c - k| <= 4 of g_c y_c / t_c);
-    # the band is symmetric, so band_sums gives that sum.
-    return upstream * scale - 1.5 * x * band_sums(upstream * y / t)
+    # 1.5 alpha is the second band's: one pass over x's size fewer.
+    return upstream * scale - x * band_sums(upstream * y / t, 1.5 * LRN_ALPHA)
   return y, grad
 
 

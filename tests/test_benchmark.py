@@ -61,8 +61,8 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
     assert label in stdout
   assert [t['name'] for t in table['targets']] == [
       'ours / custom-loop peer, every N', 'ours / model.fit peer, every N',
-      'ours of matmul rate at N=1', 'real / synthetic input, every N',
-      'seeded / unseeded real input at N=1',
+      'ours of matmul rate at N=1', 'ours of conv2 kernel rate, float32, every N',
+      'real / synthetic input, every N', 'seeded / unseeded real input at N=1',
       'dist_train.py 1 worker / multi_gpu_train.py',
       'ours bfloat16 / ours float32, every N', 'ours bfloat16 / model.fit peer bfloat16, every N']
   # Each verdict follows from its goal and the value the table measured.
@@ -71,6 +71,7 @@ def test_benchmark_quick_run_prints_table_dist_rows_and_targets(quick):
   expected = [(targets.OURS_OVER_PEER, {'N=1': row['ours_over_peer']}),
               (targets.OURS_OVER_FIT, {'N=1': row['ours_over_fit']}),
               (targets.OF_MATMUL, {'N=1': row['fraction_of_matmul']}),
+              (targets.OF_CONV2, {'N=1': row['of_conv2']['synthetic']}),
               (targets.REAL_OVER_SYNTHETIC, {'N=1': row['real_over_synthetic']}),
               (targets.SEEDED_OVER_UNSEEDED, {'N=1': row['seeded_over_unseeded']}),
               (targets.DIST_OVER_LOCAL, {
@@ -99,6 +100,9 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
   assert [l['name'] for l in table['flops_per_example']['layers']] == [
       'conv1', 'conv2', 'local3', 'local4', 'softmax_linear']
   assert table['matmul']['by_setting']['false'] > 0 and table['matmul']['by_setting']['true'] > 0
+  # conv2's kernels alone, in each precision the rows train in
+  assert sorted(table['conv2']['gflops']) == ['bfloat16', 'float32'][not runner.BF16_UNITS:]
+  assert all(rate > 0 for rate in table['conv2']['gflops'].values())
   assert table['pipeline']['examples_per_sec'] > 0
   row = table['towers']['1']
   assert row['global_batch'] == 16
@@ -122,7 +126,7 @@ def test_benchmark_quick_run_measures_every_row_with_positive_numbers(quick):
 @pytest.mark.xdist_group('benchmark_quick')
 @pytest.mark.timeout(TIMEOUT_SECS + 60)  # the run's timeout first: it names the log
 def test_benchmark_quick_run_ratios_are_of_the_rows_own_rates(quick):
-  table, _ = quick
+  table, stdout = quick
   row = table['towers']['1']
   ours = row['synthetic_default']['examples_per_sec']
   assert row['real_over_synthetic'] == pytest.approx(row['real']['examples_per_sec'] / ours)
@@ -133,8 +137,17 @@ def test_benchmark_quick_run_ratios_are_of_the_rows_own_rates(quick):
   assert row['achieved_gflops'] == pytest.approx(ours * FLOPS_PER_EXAMPLE / 1e9)
   assert row['fraction_of_matmul'] == pytest.approx(row['achieved_gflops'] /
                                                     table['matmul']['gflops'])
+  conv2 = table['conv2']['gflops']
+  for kind, stats in (('synthetic', row['synthetic_default']), ('peer', row['peer_default']),
+                      ('fit', row['fit_default'])):  # each at its own default, as the targets
+    assert row['of_conv2'][kind] == pytest.approx(
+        stats['examples_per_sec'] * FLOPS_PER_EXAMPLE / 1e9 / conv2['float32']), kind
+  assert re.search(r'^\s+1  %.0f%% / ' % (100 * row['of_conv2']['synthetic']), stdout, re.M)
   if runner.BF16_UNITS:  # each bfloat16 rate over its own float32 rate, and over the peer's
     bf16 = row['bf16']
+    for kind in ('synthetic', 'peer', 'fit'):  # and over conv2's bfloat16 kernel rate
+      assert bf16['of_conv2'][kind] == pytest.approx(
+          bf16[kind]['examples_per_sec'] * FLOPS_PER_EXAMPLE / 1e9 / conv2['bfloat16']), kind
     for kind in ('synthetic', 'peer', 'fit'):
       assert bf16['over_float32'][kind] == pytest.approx(
           bf16[kind]['examples_per_sec'] / row[kind]['true']['examples_per_sec']), kind
@@ -351,29 +364,32 @@ def test_window_full_waits_until_every_worker_trained_steps_together():
 
 def test_targets_check_short_target_says_by_how_much(capsys):
   row = dict(ours_over_peer=1.50, ours_over_fit=1.5, fraction_of_matmul=0.75,
-             real_over_synthetic=0.96, seeded_over_unseeded=1.0,
+             of_conv2=dict(synthetic=0.8), real_over_synthetic=0.96, seeded_over_unseeded=1.0,
              bf16=dict(over_float32=dict(synthetic=1.2, peer=1.0, fit=1.0), ours_over_fit=1.25))
   dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.9),
           '1 worker sync': dict(workers=1, sync=True, vs_multi_gpu_train=0.6),
           '2 workers': dict(workers=2, sync=False, vs_multi_gpu_train=0.1)}  # not a target
-  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.7, bf16=None)}, dist)
+  results = targets.check({'1': row, '2': dict(row, ours_over_fit=1.7, bf16=None,
+                                               of_conv2=dict(synthetic=0.9))}, dist)
   assert [r['verdict'] for r in results] == [
-      'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'met', 'met', 'SHORT by 33.3% (sync: 0.60)',
-      'SHORT by 7.7% (N=1: 1.20)', 'met']  # N=2 ran no bfloat16 row: not measured there
-  assert results[5]['measured'] == {'async': 0.9, 'sync': 0.6}
-  assert 'N=1 1.50, N=2 1.70' in capsys.readouterr().out
-  assert results[7]['measured'] == {'N=1': 1.25}
+      'met', 'SHORT by 6.2% (N=1: 1.50)', 'met', 'SHORT by 5.9% (N=1: 80%)', 'met', 'met',
+      'SHORT by 33.3% (sync: 0.60)', 'SHORT by 7.7% (N=1: 1.20)', 'met']
+  assert results[6]['measured'] == {'async': 0.9, 'sync': 0.6}
+  out = capsys.readouterr().out
+  assert 'N=1 1.50, N=2 1.70' in out and 'N=1 80%, N=2 90%' in out, out
+  assert results[8]['measured'] == {'N=1': 1.25}  # N=2 ran no bfloat16 row: not measured
   assert [r['verdict'] for r in targets.check({'1': dict(row, bf16=None)}, dist)[-2:]] == [
       'not measured'] * 2
 
 
 def test_targets_check_quick_prints_measured_values_and_no_verdict(capsys):
   row = dict(ours_over_peer=0.5, ours_over_fit=0.5, fraction_of_matmul=0.1,
-             real_over_synthetic=0.5, seeded_over_unseeded=0.5, bf16=None)
+             of_conv2=dict(synthetic=0.1), real_over_synthetic=0.5, seeded_over_unseeded=0.5,
+             bf16=None)
   dist = {'1 worker async': dict(workers=1, sync=False, vs_multi_gpu_train=0.3)}
   results = targets.check({'1': row}, dist, quick=True)
   out = capsys.readouterr().out
-  assert [r['verdict'] for r in results] == [None] * 8
+  assert [r['verdict'] for r in results] == [None] * 9
   assert results[0]['measured'] == {'N=1': 0.5} and 'N=1 0.50' in out
   assert 'SHORT' not in out and ' met' not in out and 'not measured' not in out, out
   assert 'no verdict' in out and 'run without --quick' in out, out
@@ -425,9 +441,17 @@ def test_benchmark_profile_lists_op_types_of_a_traced_step_each_setting(tmp_path
                                  '--json', str(json_path)], timeout=TIMEOUT_SECS)
   assert run.code == 0, run.log()
   profile = json.loads(json_path.read_text())['profile']
+  # Two independent chains of elementwise ops take longer than one: they share the cores.
+  chains = profile.pop('chains')
+  assert 0 < chains['one_ms'] < chains['two_ms'], chains
+  assert 'a chain of 8: %.2f ms alone, %.2f ms for two' % (chains['one_ms'], chains['two_ms']) \
+      in run.out
   assert sorted(profile) == ['off', 'on'] + (['on, bfloat16'] if runner.BF16_UNITS else [])
   for setting, result in profile.items():
     assert len(result['durations']) == 3 and all(d > 0 for d in result['durations'])
+    # The session's threads: at least one worked, none more than the wall time (+ a tick)
+    shares = [share for _, share in result['threads']]
+    assert shares == sorted(shares, reverse=True) and 0.05 < shares[0] < 1.1, result['threads']
     ops = result['ms_per_step']
     # Every step runs the convolutions' gradients, and the LRN's band as a matmul.
     assert any('Conv2DBackpropFilter' in op for op in ops), sorted(ops)
