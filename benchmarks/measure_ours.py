@@ -134,4 +134,5 @@ def profile(config):
             micros_by_type[op_type] += node.all_end_rel_micros
   ms_per_step = {op: micros / 1000.0 / config['steps'] for op, micros in micros_by_type.items()}
   return dict(where=trainer.where, ms_per_step=ms_per_step, durations=durations,
-              threads=threads, busy_steps=BUSY_STEPS, examples_per_step=config['batch_size'] * len(trainer.devices))
+              threads=threads, busy_steps=BUSY_STEPS,
+              examples_per_step=config['batch_size'] * len(trainer.devices))
