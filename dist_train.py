@@ -169,7 +169,8 @@ def train(cluster, task_index, settings, worker=WorkerSettings(), stop=None,
         run_record.write_and_compare(settings.train_dir, record)
       print_start(run, mode, settings, data.model, epoch, examples_per_update)
       worker_sessions.watch_stopping_step(stop, progress, run.who, run.is_chief,
-                                          mode.release_stopping_step())
+                                          mode.release_stopping_step(),
+                                          mode.save_own_copy(graph), mode.stuck_on)
       with worker_end.stopped_without_ps(run, graph, stop, progress), mode.peers_failing():
         graph.run_match.compare_before_session(run, worker.startup_timeout_secs)
         with worker_sessions.open_session(run, graph, settings, worker.startup_timeout_secs,

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # tf.raw_ops' without its keys' bookkeeping
 
-from distributed import worker_sessions, worker_updates
+from distributed import chief, worker_sessions, worker_updates
 from training import errors, mixed_precision, updates
 
 GROUP_KEY = 1                # the collective group: every worker of the job
@@ -44,6 +44,7 @@ STEP_SLACK_SECS = 1          # a step's watchdog, past --step_timeout_secs: Tens
                              # aborts the collective at once, and the step then waited 8 s
                              # more on a paused worker (tests/test_dist_all_reduce.py,
                              # 2026-12-02); the process can do nothing after an abort
+OWN_COPY_SAVE_SECS = 5       # a stopping chief, cut off from the workers, saves its copy within
 # What a collective raises once a worker has gone away (or since, once aborted); a
 # worker killed before this one's request to it waits out the timeout (gRPC waits for
 # the peer to come back).
@@ -142,6 +143,7 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
   every worker."""
   update_name = 'update'  # of num_workers worker steps
   step_slack_secs = STEP_SLACK_SECS
+  stuck_on = 'the other workers do not answer'
 
   def __init__(self, run, save_every_n_steps):
     self._run = run  # dist_train.py's WorkerRun
@@ -231,6 +233,29 @@ class AllReduceUpdates(worker_updates.AppliedByEachWorker):
   def step_stopped_at(self, match, run_fetch, run):
     del match, run_fetch, run
     return None  # every copy stopped after the same update: this worker's global step
+
+  def save_own_copy(self, graph):
+    """The chief: a function that saves its own copy of the variables and returns the
+    step saved (None if it could not within OWN_COPY_SAVE_SECS), for a stop whose step
+    never returns, cut off from the other workers (worker_sessions.watch_stopping_step).
+
+    That step's update waits on its all-reduce, so the copy is the one after the
+    update before. A session of its own, filtered to this task: opening it asks no
+    other worker.
+    """
+    run = self._run
+    if not run.is_chief:
+      return None
+    saves, tf_graph = chief.saves(graph), tf.compat.v1.get_default_graph()
+    config = tf.compat.v1.ConfigProto()
+    config.CopyFrom(run.config)
+    config.device_filters[:] = ['/job:worker/task:%d' % run.task_index]
+
+    def save(sess):
+      saves.end(sess)  # saves the step, unless it is the last one saved
+      return saves.last_saved
+    return lambda: worker_sessions.in_session_of_its_own(run.server.target, tf_graph, config,
+                                                         save, OWN_COPY_SAVE_SECS)
 
   def fp16_line(self):
     return worker_updates.loss_scale_line('every worker alike, from the mean')

@@ -299,8 +299,8 @@ class Progress:
     self.step, self.local_step, self.stepping = step, 0, threading.Event()
 
 
-def watch_stopping_step(stop, progress, who, is_chief, release=None,
-                        after_secs=STOP_STEP_SECS):
+def watch_stopping_step(stop, progress, who, is_chief, release=None, save=None,
+                        stuck_on='the ps tasks have left', after_secs=STOP_STEP_SECS):
   """Once a stop is asked for, sees that the step under way ends; starts a daemon thread.
 
   Stopped together (a whole job preempted), the workers each finish the step they
@@ -309,12 +309,16 @@ def watch_stopping_step(stop, progress, who, is_chief, release=None,
   orchestrator's grace period, and the chief would never save. After after_secs,
   release() hands it a token, so that it returns (its gradient stays in the
   accumulators, stale to any later update). A step still running after_secs later
-  waits on ps tasks that have left: the task then says where it stopped and exits
-  with the signal's code, as it would have after the step.
+  waits on peers that have left (stuck_on says which): the task then says where it
+  stopped and exits with the signal's code, as it would have after the step; first,
+  save() saves what it can.
 
   Args:
     stop: a StopSignals; progress: the loop's Progress.
     release: sync: a function of no arguments that hands this worker a token; else None.
+    save: all-reduce's chief: a function of no arguments that saves its own copy of the
+      variables and returns the step saved (None if it could not); else None.
+    stuck_on: what the stuck step waits for, for the task's last line.
   """
   def watch():
     while not stop.requested:
@@ -324,19 +328,26 @@ def watch_stopping_step(stop, progress, who, is_chief, release=None,
             'it hands itself a token' % (who, after_secs), flush=True)
       release()
     if not _step_ends(progress, after_secs):
-      _exit_stopped(stop, progress, is_chief, 'its last step never returned')
+      _exit_stopped(stop, progress, is_chief, 'its last step never returned (%s)' % stuck_on,
+                    save and save(), who)
     if not is_chief:  # nothing to save: its close must not outlast the grace period
       time.sleep(STOPPED_WORKER_SECS)
-      _exit_stopped(stop, progress, is_chief, 'its session did not close')
+      _exit_stopped(stop, progress, is_chief, 'its session did not close (%s)' % stuck_on)
 
   threading.Thread(target=watch, daemon=True, name='watch_stopping_step').start()
 
 
-def _exit_stopped(stop, progress, is_chief, what):
-  """The stopped task's line and exit code, from a thread: the main thread is stuck."""
-  line = ('Stopped by %s at step %d%s; %s (the ps tasks have left). Rerun the same command '
-          'to resume%s.\n' % (stop.name, progress.step, ' without saving it' if is_chief
-                               else '', what, ' from the last checkpoint' if is_chief else ''))
+def _exit_stopped(stop, progress, is_chief, what, saved=None, who=None):
+  """The stopped task's line and exit code, from a thread: the main thread is stuck.
+  saved: the step of the checkpoint `who`, the chief, wrote of its own copy just now."""
+  if saved is not None:  # then the line of a stop after a step
+    line = ('%s: %s; its own copy of the variables is saved at step %d.\n'
+            'Stopped by %s at step %d; rerun the same command to resume.\n'
+            % (who, what, saved, stop.name, saved))
+  else:
+    line = ('Stopped by %s at step %d%s; %s. Rerun the same command to resume%s.\n' % (
+        stop.name, progress.step, ' without saving it' if is_chief else '', what,
+        ' from the last checkpoint' if is_chief else ''))
   os.write(1, line.encode())  # not print(): the main thread may hold stdout's lock
   signals.exit_now(stop.exit_code)
 
@@ -353,29 +364,33 @@ def op_runner(target, config, fetches, timeout_secs=OP_RUNNER_SECS):
   """A function that runs fetches once in a session of its own and returns what they
   fetched; None where the ps tasks are gone, or do not answer within timeout_secs.
 
-  The run is a daemon thread's, waited for that long: opening the session sends the
-  graph to the ps tasks (ExtendSession) with no deadline TensorFlow keeps, and a sync
-  worker cut off from the ps tasks, stopping, waited there until its watchdog ended it,
-  46 s after the SIGTERM (exit 138, not 143: issue 60's run, each task in a namespace
-  of its own, iptables DROP between worker and ps).
+  Opening the session sends the graph to the ps tasks (ExtendSession) with no deadline
+  TensorFlow keeps, and a sync worker cut off from the ps tasks, stopping, waited there
+  until its watchdog ended it, 46 s after the SIGTERM (exit 138, not 143: issue 60's
+  run, each task in a namespace of its own, iptables DROP between worker and ps).
   """
+  graph = tf.nest.flatten(fetches)[0].graph
+  options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+  return lambda: in_session_of_its_own(
+      target, graph, config, lambda sess: sess.run(fetches, options=options), timeout_secs)
+
+
+def in_session_of_its_own(target, graph, config, work, timeout_secs):
+  """work(session) in a new session of graph on target, in a daemon thread waited for
+  timeout_secs; what it returned, or None (a TensorFlow error, or still running)."""
   found = []
 
   def run_once():
-    graph = tf.nest.flatten(fetches)[0].graph
     try:
       with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
-        found.append(sess.run(fetches, options=tf.compat.v1.RunOptions(
-            timeout_in_ms=int(timeout_secs * 1000))))
+        found.append(work(sess))
     except tf.errors.OpError:
       pass
 
-  def run():
-    running = threading.Thread(target=run_once, daemon=True, name='op_runner')
-    running.start()
-    running.join(timeout_secs)
-    return found[0] if found else None
-  return run
+  running = threading.Thread(target=run_once, daemon=True, name='in_session_of_its_own')
+  running.start()
+  running.join(timeout_secs)
+  return found[0] if found else None
 
 
 def start_watchdog():

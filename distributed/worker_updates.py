@@ -285,6 +285,11 @@ Fp16 = collections.namedtuple('Fp16', [
 class ModeDefaults:
   """The loop's questions that only all-reduce answers otherwise; the ps modes' answers."""
   step_slack_secs = worker_sessions.STEP_SLACK_SECS  # a step's watchdog, past its timeout
+  stuck_on = 'the ps tasks have left'  # what a stopping step that never returns waits on
+
+  def save_own_copy(self, graph):
+    del graph
+    return None  # the variables are the ps tasks': this worker has no copy to save
 
   def step_feed(self, stop):
     del stop

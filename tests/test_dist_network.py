@@ -85,17 +85,22 @@ def exit_times(job, since):
   return ended
 
 
-@pytest.mark.parametrize('mode', ['async', 'sync'])
-def test_whole_job_sigterm_during_worker_ps_blackhole_every_task_143_within_15_s(
+MODE_FLAGS = {'async': [], 'sync': ['--sync_replicas'], 'all_reduce': ['--all_reduce']}
+
+
+@pytest.mark.parametrize('mode', ['async', 'sync', 'all_reduce'])
+def test_whole_job_sigterm_during_a_blackhole_every_task_143_within_15_s_the_step_saved(
     lab, tasks, tmp_path, mode):
-  # The run: a step timeout of 20 s, which the stop must not wait out.
+  # The run: a step timeout of 20 s, which the stop must not wait out. The
+  # blackhole: between a worker and the ps; all-reduce, which has none, between the
+  # workers, and its chief saves its own copy (its step waits on the other worker).
+  names = ('worker0', 'worker1') if mode == 'all_reduce' else ('ps0', 'worker0', 'worker1')
   job, hosts, _ = start_job(lab, tasks, tmp_path, '--max_steps=100000',
-                            '--step_timeout_secs=20',
-                            *(['--sync_replicas'] if mode == 'sync' else []))
+                            '--step_timeout_secs=20', *MODE_FLAGS[mode], names=names)
   lab.shape(hosts['worker0'], '200mbit')
   for name in ('worker0', 'worker1'):
     job[name].wait_for(step_at_least(3), 'step 3')
-  lab.cut(hosts['ps0'], hosts['worker1'])
+  lab.cut(hosts[names[0]], hosts['worker1'])
   time.sleep(PARTITIONED_SECS)  # the fault's length so far, not a wait for an event
   sent = time.time()
   for task in job.values():
@@ -108,6 +113,11 @@ def test_whole_job_sigterm_during_worker_ps_blackhole_every_task_143_within_15_s
   stopped = helpers.matches(helpers.STOPPED_LINE, job['worker0'].lines)
   assert [m.group(1) for m in stopped] == ['SIGTERM'], job['worker0'].log()
   assert helpers.global_step(tmp_path) == int(stopped[0].group(2))
+  if mode == 'all_reduce':  # the step it showed last is the one saved: nothing lost
+    assert shown_steps(job['worker0'])[-1] == int(stopped[0].group(2)), job['worker0'].log()
+    assert ('its own copy of the variables is saved at step %s' % stopped[0].group(2)
+            in job['worker0'].text), job['worker0'].log()
+    assert 'the other workers do not answer' in job['worker1'].text, job['worker1'].log()
 
 
 def test_all_reduce_workers_cut_off_from_each_other_both_exit_138_at_the_step_timeout(
