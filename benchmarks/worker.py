@@ -16,6 +16,7 @@ that measures it:
   peer, fit                 measure_peers.py: the Keras custom loop and model.fit
 The result, a JSON dict of step times and memory, follows RESULT_PREFIX.
 """
+import atexit
 import importlib
 import json
 import os
@@ -83,7 +84,8 @@ def serve(requests, answers):
 
 def run_child(request):
   """In the forked child: stdout and stderr to the request's files, stdin closed, then
-  main([config]); ends in os._exit with the code a fresh worker would exit with."""
+  main([config]); ends in os._exit with the code a fresh worker would exit with, once
+  Python's exit functions have run."""
   code = 0
   try:
     for fd, path in ((1, request['out']), (2, request['err'])):
@@ -100,6 +102,7 @@ def run_child(request):
     sys.excepthook(*sys.exc_info())
     code = 1
   finally:
+    atexit._run_exitfuncs()  # as Python's exit would: autograph's files in /tmp go
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access

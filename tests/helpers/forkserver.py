@@ -36,6 +36,7 @@ import os
 import re
 import resource
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -137,6 +138,7 @@ class Server:
     if self.process.poll() is None:
       self.process.stdin.close()
       self.process.wait()
+    shutil.rmtree(self.directory, ignore_errors=True)  # its socket's
 
 
 class Forked:
