@@ -126,7 +126,7 @@ def chains(config):
   with tf.Graph().as_default():
     normal = tf.compat.v1.random_normal_initializer()
 
-    def chain(name):  # eight ops, each reading two tensors of `shape` and writing one
+    def chain(name):  # CHAIN_OPS ops, each reading two tensors of `shape` and writing one
       x = tf.compat.v1.get_variable(name + '_x', shape, initializer=normal).read_value()
       y = tf.compat.v1.get_variable(name + '_y', shape, initializer=normal).read_value()
       z = x
