@@ -330,4 +330,4 @@ def print_of_conv2(args, table):
       shares.append(' / '.join(fmt(row['bf16']['of_conv2'][kind] and
                                    100 * row['bf16']['of_conv2'][kind], '%.0f%%')
                                for kind in kinds))
-    print('%6d  %-48s  %s' % (towers, shares[0], shares[1] if len(shares) > 1 else ''))
+    print(('%6d  %-48s  %s' % (towers, shares[0], shares[1] if len(shares) > 1 else '')).rstrip())
