@@ -9,6 +9,7 @@ over the next --steps global steps, this reads from the chief's loss lines and t
 links' own counters:
   ex/s         examples a second of all workers together (global steps x examples each)
   MB/update    the bytes of one update through the busiest link, in its busier direction
+               (async: as many as through the chief's link per update of its own)
   bound        the examples a second that link's rate allows at those bytes (rate / bytes
                x examples per update); ours as a share of it
 Then multi_gpu_train.py with as many towers as workers, unshaped (nothing to send), for
@@ -119,10 +120,20 @@ def run_job(lab, mode, num_workers, rate, args):
         process.kill()
         process.wait()
   per_update = args.batch_size * (1 if mode == 'async ps' else num_workers)
-  (step0, time0, bytes0), (step1, time1, bytes1) = marks
+  (step0, local0, time0, bytes0), (step1, local1, time1, bytes1) = marks
   updates = step1 - step0
+  links = zip(bytes0, bytes1)
+  if mode == 'async ps':
+    # An async update is one worker's: the same bytes through the ps's link as through
+    # that worker's. Read on the chief's link over its own updates, whose transfers the
+    # marks fall between; on the ps's link the other worker's are under way at any mark,
+    # a part of an update either side (-10% over a window of 6 updates, CI 2026-12-02).
+    chief = list(hosts).index(('worker', 0))
+    links, busiest_updates = [(bytes0[chief], bytes1[chief])], local1 - local0
+  else:  # every update is every worker's: the chief's marks fall between updates
+    busiest_updates = updates
   busiest = max(max(after[0] - before[0], after[1] - before[1])
-                for before, after in zip(bytes0, bytes1)) / updates
+                for before, after in links) / busiest_updates
   limit = rate_bytes_per_sec(rate)
   bound = limit / busiest * per_update if limit else None
   return dict(mode=mode, workers=num_workers, rate=rate,
@@ -131,8 +142,8 @@ def run_job(lab, mode, num_workers, rate, args):
 
 
 def measure(lab, chief, hosts, args):
-  """[(global step, time, [each link's (sent, received)]) at the window's start, at its
-  end], read as the chief's loss lines come."""
+  """[(global step, the chief's local step, time, [each link's (sent, received)]) at the
+  window's start, at its end], read as the chief's loss lines come."""
   timer = threading.Timer(RUN_TIMEOUT_SECS, chief.kill)
   timer.start()
   marks, start = [], None
@@ -146,7 +157,8 @@ def measure(lab, chief, hosts, args):
         start = step
       if start is not None and (not marks or step >= start + args.steps):
         when = datetime.datetime.fromisoformat(found.group('time')).timestamp()  # printed
-        marks.append((step, when, [lab.link_bytes(host) for host in hosts]))
+        marks.append((step, int(found.group('local_step')), when,
+                      [lab.link_bytes(host) for host in hosts]))
         if len(marks) == 2:
           return marks
   finally:
