@@ -316,7 +316,7 @@ def print_start(run, mode, settings, model, epoch, examples_per_update):
   """The start-up lines: who, where, the parameters, the mode, the schedule, the step."""
   batch_size, num_towers = settings.batch_size, len(run.devices)
   startup.print_versions('%s of %d (worker 0 is the chief); %s' % (
-      run.who, run.num_workers, run.where))
+      run.who, run.num_workers, run.where), settings.session)
   if run.ps_hosts:
     print('ps tasks %s hold %d trainable parameters%s' % (
         ','.join(run.ps_hosts), startup.num_parameters(),

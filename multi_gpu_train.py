@@ -287,7 +287,7 @@ def write_start(graph, run, settings, data, where, epoch, describe):
   replaced = checkpoints.set_aside(settings.train_dir) if settings.fresh else None
   record = describe(run.start_step)
   run_record.write_and_compare(settings.train_dir, record, replaced)
-  startup.print_versions(where)
+  startup.print_versions(where, settings.session)
   print('global batch %d = %d x %d towers%s; %d trainable parameters' % (
       settings.batch_size * settings.num_gpus, settings.batch_size, settings.num_gpus,
       ' (async: each update applies %d)' % settings.batch_size if settings.async_towers

@@ -99,6 +99,7 @@ def test_cli_two_towers_logs_saves_and_resumes(sample, tmp_path, capsys):
       '--log_frequency=10', '--save_every_n_steps=20', '--summary_steps=0', '--max_steps=30'))
   assert done.code == 0, done.log()
   assert '2 virtual CPU devices' in done.out and 'global batch 16 = 8 x 2 towers' in done.out
+  assert '\nthreads: ' in done.out and '(--intra_op_threads=0: one per core)' in done.out
   # An epoch is the sample's 5 x 40 records, counted: 200 / 16 x 350 epochs.
   assert ('decay_steps 4375 = 200 examples (the records in data_batch_1.bin .. '
           'data_batch_5.bin) / 16 per update x 350 epochs') in done.out, done.log()

@@ -1,6 +1,7 @@
 """training/placement.py: the towers' devices, and what start-up tells a user whose GPUs
 TensorFlow cannot use (with a fake nvidia-smi: this machine has no GPU)."""
 import glob
+import os
 import re
 
 import pytest
@@ -86,3 +87,13 @@ def test_log_device_placement_two_towers_summary_is_the_last_placement_line(
   assert lines[summary] == 'placement: /cpu:0 %d ops, /cpu:1 %d ops (the lines above, per ' \
       'device)' % (counts['/cpu:0'], counts['/cpu:1'])
   assert helpers.steps(helpers.LOSS_LINE, lines) == [1]
+
+
+def test_threads_line_says_each_pool_its_size_and_the_flag_that_set_it():
+  cores = len(os.sched_getaffinity(0))  # what TensorFlow sizes a 0 as
+  assert placement.threads_line(placement.SessionOptions()) == (
+      'threads: %d inside an op (--intra_op_threads=0: one per core), %d ops at once '
+      '(--inter_op_threads=0: one per core)' % (cores, cores))
+  assert placement.threads_line(placement.SessionOptions(intra_op_threads=1,
+                                                         inter_op_threads=3)) == (
+      'threads: 1 inside an op (--intra_op_threads=1), 3 ops at once (--inter_op_threads=3)')

@@ -62,6 +62,17 @@ SessionOptions = collections.namedtuple('SessionOptions', [
 ], defaults=(False, False, 0.0, 0, 0))
 
 
+def threads_line(options):
+  """The session's thread pools, for start-up: 'threads: 2 inside an op
+  (--intra_op_threads=0: one per core), 2 ops at once (--inter_op_threads=0: one per
+  core)'. TensorFlow sizes a 0 as the cores this process may run on."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  said = ['%d %s (--%s=%d%s)' % (value or cores, what, name, value, ': one per core' * (not value))
+          for what, name, value in (('inside an op', 'intra_op_threads', options.intra_op_threads),
+                                    ('ops at once', 'inter_op_threads', options.inter_op_threads))]
+  return 'threads: %s' % ', '.join(said)
+
+
 def session_config(num_cpu_devices=1, options=SessionOptions()):
   """ConfigProto with soft placement, the virtual CPU devices and the GPU options."""
   config = tf.compat.v1.ConfigProto(

@@ -22,7 +22,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from training import checkpoints, machine
+from training import checkpoints, machine, placement
 from training import directory, storage
 from training import input_data
 from training import updates
@@ -119,10 +119,12 @@ def check_memory(fetches, settings):
                                settings.batch_size, settings.num_gpus)
 
 
-def print_versions(where):
-  """The first start-up lines: TensorFlow, where the towers run, oneDNN."""
+def print_versions(where, session):
+  """The first start-up lines: TensorFlow, where the towers run, oneDNN, the threads
+  (session: the run's placement.SessionOptions)."""
   print('TensorFlow %s; %s' % (tf.__version__, where))
   print(machine.start_line())
+  print(placement.threads_line(session))
 
 
 def num_parameters():
