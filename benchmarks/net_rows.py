@@ -9,7 +9,8 @@ over the next --steps global steps, this reads from the chief's loss lines and t
 links' own counters:
   ex/s         examples a second of all workers together (global steps x examples each)
   MB/update    the bytes of one update through the busiest link, in its busier direction
-               (async: as many as through the chief's link per update of its own)
+               (ps modes: the gradients', as many as the variables' reads; see
+               bytes_per_update for where each is counted)
   bound        the examples a second that link's rate allows at those bytes (rate / bytes
                x examples per update); ours as a share of it
 Then multi_gpu_train.py with as many towers as workers, unshaped (nothing to send), for
@@ -40,6 +41,10 @@ PORT = 2222                  # every task's port, each at an address of its own
 RUN_TIMEOUT_SECS = 900       # one job, start to its last measured step
 MODES = {'async ps': (1, []), 'sync ps': (1, ['--sync_replicas']),  # (ps tasks, flags)
          'all-reduce': (0, ['--all_reduce'])}
+# Where one update's bytes through the busiest link are counted (bytes_per_update): the
+# link, the direction (0 sent, 1 received, by that task), and whose steps are updates.
+COUNTED = {'async ps': (('worker', 0), 0, 'local_step'), 'sync ps': (('ps', 0), 1, 'step'),
+           'all-reduce': (('worker', 0), 1, 'step')}
 
 
 def parse_args(argv):
@@ -114,36 +119,43 @@ def run_job(lab, mode, num_workers, rate, args):
         stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
         for task in tasks}
     try:
-      marks = measure(lab, processes[('worker', 0)], list(hosts.values()), args)
+      marks = measure(lab, processes[('worker', 0)], hosts[COUNTED[mode][0]], args)
     finally:
       for process in processes.values():
         process.kill()
         process.wait()
   per_update = args.batch_size * (1 if mode == 'async ps' else num_workers)
-  (step0, local0, time0, bytes0), (step1, local1, time1, bytes1) = marks
-  updates = step1 - step0
-  links = zip(bytes0, bytes1)
-  if mode == 'async ps':
-    # An async update is one worker's: the same bytes through the ps's link as through
-    # that worker's. Read on the chief's link over its own updates, whose transfers the
-    # marks fall between; on the ps's link the other worker's are under way at any mark,
-    # a part of an update either side (-10% over a window of 6 updates, CI 2026-12-02).
-    chief = list(hosts).index(('worker', 0))
-    links, busiest_updates = [(bytes0[chief], bytes1[chief])], local1 - local0
-  else:  # every update is every worker's: the chief's marks fall between updates
-    busiest_updates = updates
-  busiest = max(max(after[0] - before[0], after[1] - before[1])
-                for before, after in links) / busiest_updates
+  updates = marks[1]['step'] - marks[0]['step']
+  busiest = bytes_per_update(mode, marks)
   limit = rate_bytes_per_sec(rate)
   bound = limit / busiest * per_update if limit else None
   return dict(mode=mode, workers=num_workers, rate=rate,
-              examples_per_sec=updates * per_update / (time1 - time0),
+              examples_per_sec=updates * per_update / (marks[1]['when'] - marks[0]['when']),
               busiest_bytes_per_update=busiest, bound_examples_per_sec=bound)
 
 
-def measure(lab, chief, hosts, args):
-  """[(global step, the chief's local step, time, [each link's (sent, received)]) at the
-  window's start, at its end], read as the chief's loss lines come."""
+def bytes_per_update(mode, marks):
+  """The bytes of one update through the busiest link, counted on the link, in the
+  direction, where none are under way at the marks (the chief's loss lines) however
+  late the counter is read after them (COUNTED): the next step reads the variables at
+  once, but sends its gradients only once they are computed.
+
+  ps modes: the gradients' direction, as many bytes as the reads' (the variables' size).
+  Sync, into the ps: every worker's gradient is in before the update the mark follows.
+  Async, out of the chief, over its own updates: an update is one worker's gradient,
+  and on the ps's link the other worker's is under way at any mark (3.85 MB counted
+  where 4.27 cross, over 6 updates; CI 2026-12-02). All-reduce, into the chief: each link
+  carries as much both ways, and the step ends once the chief has what it needs, its
+  own last part still on the way out (4.42 MB counted out of it, 4.27 in).
+  """
+  _, direction, steps = COUNTED[mode]
+  return ((marks[1]['bytes'][direction] - marks[0]['bytes'][direction]) /
+          (marks[1][steps] - marks[0][steps]))
+
+
+def measure(lab, chief, host, args):
+  """[{step, local_step (the chief's), when, bytes: host's link (sent, received)}] at the
+  window's start and at its end, read as the chief's loss lines come: the counter first."""
   timer = threading.Timer(RUN_TIMEOUT_SECS, chief.kill)
   timer.start()
   marks, start = [], None
@@ -156,9 +168,9 @@ def measure(lab, chief, hosts, args):
       if start is None and step >= args.warmup:
         start = step
       if start is not None and (not marks or step >= start + args.steps):
-        when = datetime.datetime.fromisoformat(found.group('time')).timestamp()  # printed
-        marks.append((step, int(found.group('local_step')), when,
-                      [lab.link_bytes(host) for host in hosts]))
+        marks.append(dict(bytes=lab.link_bytes(host), step=step,
+                          local_step=int(found.group('local_step')),
+                          when=datetime.datetime.fromisoformat(found.group('time')).timestamp()))
         if len(marks) == 2:
           return marks
   finally:

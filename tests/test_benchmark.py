@@ -423,9 +423,10 @@ def test_net_rows_each_mode_on_shaped_links_its_rate_bytes_and_bound():
   assert sorted(rows) == ['all-reduce', 'async ps', 'sync ps'], run.out
   megabytes = {mode: row[1] for mode, row in rows.items()}
   # A ps link carries each worker's 4.27 MB gradient in sync, one in async; all-reduce's
-  # ring, at 2 workers, the same 4.27 MB through every link (gRPC's framing beside).
-  assert 4.2 < megabytes['async ps'] < 4.8 and 4.2 < megabytes['all-reduce'] < 4.8, rows
-  assert 1.8 < megabytes['sync ps'] / megabytes['async ps'] < 2.2, rows
+  # ring, at 2 workers, the same 4.27 MB through every link; gRPC's framing beside (each
+  # counted where no update is under way at the window's edges: 4.29 MB in every run).
+  assert 4.27 < megabytes['async ps'] < 4.4 and 4.27 < megabytes['all-reduce'] < 4.4, rows
+  assert 1.95 < megabytes['sync ps'] / megabytes['async ps'] < 2.05, rows
   for mode, (ex_per_sec, megabytes_, bound, share) in rows.items():
     # The bound: 200 Mbit/s (25 MB/s) over the bytes, times the examples of an update.
     examples = 8 * (1 if mode == 'async ps' else 2)
