@@ -20,6 +20,16 @@ from benchmarks.timing import peak_mb, time_steps
 CHAIN_OPS = 8                     # elementwise ops in each of chains()' chains
 
 
+def model_of_one_image():
+  """(a graph of cifar10.inference on one image, that image's placeholder): the layers'
+  shapes, to read; nothing runs."""
+  with tf.Graph().as_default() as graph:
+    images = tf.compat.v1.placeholder(tf.float32, [1, cifar10.IMAGE_SIZE,
+                                                   cifar10.IMAGE_SIZE, 3])
+    cifar10.inference(images)
+  return graph, images
+
+
 def flops(config):
   """Multiply-adds (M) per example of each Conv2D and MatMul of cifar10.inference, and
   what one training step costs per example, counted from them: forward 2 M per layer
@@ -32,10 +42,7 @@ def flops(config):
     backward_weights, backward_inputs, total.
   """
   del config
-  with tf.Graph().as_default() as graph:
-    images = tf.compat.v1.placeholder(tf.float32, [1, cifar10.IMAGE_SIZE,
-                                                   cifar10.IMAGE_SIZE, 3])
-    cifar10.inference(images)
+  graph, images = model_of_one_image()
   layers = []
   for op in graph.get_operations():
     if op.type == 'Conv2D':
@@ -83,15 +90,11 @@ def conv2(config):
   """
   tf.compat.v1.disable_eager_execution()
   dtype = tf.as_dtype(config['dtype'])
-  with tf.Graph().as_default():
-    images = tf.compat.v1.placeholder(tf.float32, [1, cifar10.IMAGE_SIZE,
-                                                   cifar10.IMAGE_SIZE, 3])
-    cifar10.inference(images)
-    conv = tf.compat.v1.get_default_graph().get_operation_by_name('conv2/Conv2D')
-    input_shape = [config['batch_size']] + conv.inputs[0].shape.as_list()[1:]
-    output_shape = [config['batch_size']] + conv.outputs[0].shape.as_list()[1:]
-    filter_shape = conv.inputs[1].shape.as_list()
-    macs = int(np.prod(output_shape) * np.prod(filter_shape[:3]))
+  conv = model_of_one_image()[0].get_operation_by_name('conv2/Conv2D')
+  input_shape = [config['batch_size']] + conv.inputs[0].shape.as_list()[1:]
+  output_shape = [config['batch_size']] + conv.outputs[0].shape.as_list()[1:]
+  filter_shape = conv.inputs[1].shape.as_list()
+  macs = int(np.prod(output_shape) * np.prod(filter_shape[:3]))
   with tf.Graph().as_default():
     # Variables, not constants, so grappler cannot fold the kernels away.
     normal = tf.compat.v1.random_normal_initializer()

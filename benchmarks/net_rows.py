@@ -146,7 +146,8 @@ def bytes_per_update(mode, marks):
   and on the ps's link the other worker's is under way at any mark (3.85 MB counted
   where 4.27 cross, over 6 updates; CI 2026-12-02). All-reduce, into the chief: each link
   carries as much both ways, and the step ends once the chief has what it needs, its
-  own last part still on the way out (4.42 MB counted out of it, 4.27 in).
+  own last part still on the way out (4.42 MB counted out of it, 4.27 in: the smoke
+  test's command, tests/test_benchmark.py, 2026-12-02).
   """
   _, direction, steps = COUNTED[mode]
   return ((marks[1]['bytes'][direction] - marks[0]['bytes'][direction]) /

@@ -424,7 +424,8 @@ def test_net_rows_each_mode_on_shaped_links_its_rate_bytes_and_bound():
   megabytes = {mode: row[1] for mode, row in rows.items()}
   # A ps link carries each worker's 4.27 MB gradient in sync, one in async; all-reduce's
   # ring, at 2 workers, the same 4.27 MB through every link; gRPC's framing beside (each
-  # counted where no update is under way at the window's edges: 4.29 MB in every run).
+  # counted where no update is under way at the window's edges: 4.29 MB in each of six
+  # runs of this command, 2026-12-02, one beside two busy loops).
   assert 4.27 < megabytes['async ps'] < 4.4 and 4.27 < megabytes['all-reduce'] < 4.4, rows
   assert 1.95 < megabytes['sync ps'] / megabytes['async ps'] < 2.05, rows
   for mode, (ex_per_sec, megabytes_, bound, share) in rows.items():
