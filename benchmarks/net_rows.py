@@ -125,38 +125,43 @@ def run_job(lab, mode, num_workers, rate, args):
         process.kill()
         process.wait()
   per_update = args.batch_size * (1 if mode == 'async ps' else num_workers)
-  updates = marks[1]['step'] - marks[0]['step']
+  updates = marks[-1]['step'] - marks[0]['step']
   busiest = bytes_per_update(mode, marks)
   limit = rate_bytes_per_sec(rate)
   bound = limit / busiest * per_update if limit else None
   return dict(mode=mode, workers=num_workers, rate=rate,
-              examples_per_sec=updates * per_update / (marks[1]['when'] - marks[0]['when']),
+              examples_per_sec=updates * per_update / (marks[-1]['when'] - marks[0]['when']),
               busiest_bytes_per_update=busiest, bound_examples_per_sec=bound)
 
 
 def bytes_per_update(mode, marks):
-  """The bytes of one update through the busiest link, counted on the link, in the
-  direction, where none are under way at the marks (the chief's loss lines) however
-  late the counter is read after them (COUNTED): the next step reads the variables at
-  once, but sends its gradients only once they are computed.
+  """The bytes of one update through the busiest link: the median over the window's
+  steps, each counted on the link, in the direction, where none are under way at a
+  mark (the chief's loss lines; COUNTED): the next step reads the variables at once,
+  but sends its gradients only once they are computed.
 
   ps modes: the gradients' direction, as many bytes as the reads' (the variables' size).
   Sync, into the ps: every worker's gradient is in before the update the mark follows.
   Async, out of the chief, over its own updates: an update is one worker's gradient,
   and on the ps's link the other worker's is under way at any mark (3.85 MB counted
-  where 4.27 cross, over 6 updates; CI 2026-12-02). All-reduce, into the chief: each link
-  carries as much both ways, and the step ends once the chief has what it needs, its
-  own last part still on the way out (4.42 MB counted out of it, 4.27 in: the smoke
-  test's command, tests/test_benchmark.py, 2026-12-02).
+  where 4.27 cross, over 6 updates; CI 2026-12-02). All-reduce, into the chief: each
+  link carries as much both ways, and the step ends once the chief has what it needs,
+  its own last part still on the way out (4.42 MB counted out of it, 4.27 in: the smoke
+  test's command, tests/test_benchmark.py, 2026-12-02). A counter read late, once the
+  next step's transfer has begun, moves the two steps beside it, one up, one down (all-
+  reduce's next begins within milliseconds at a small batch: 3.38 MB over a window,
+  CI 2026-12-02): the median of three or more steps is the step between.
   """
   _, direction, steps = COUNTED[mode]
-  return ((marks[1]['bytes'][direction] - marks[0]['bytes'][direction]) /
-          (marks[1][steps] - marks[0][steps]))
+  return statistics.median(
+      (after['bytes'][direction] - before['bytes'][direction]) / (after[steps] - before[steps])
+      for before, after in zip(marks, marks[1:]) if after[steps] > before[steps])
 
 
 def measure(lab, chief, host, args):
-  """[{step, local_step (the chief's), when, bytes: host's link (sent, received)}] at the
-  window's start and at its end, read as the chief's loss lines come: the counter first."""
+  """[{step, local_step (the chief's), when, bytes: host's link (sent, received)}] at each
+  of the chief's loss lines from the window's start to its end, read as they come: the
+  counter first."""
   timer = threading.Timer(RUN_TIMEOUT_SECS, chief.kill)
   timer.start()
   marks, start = [], None
@@ -168,11 +173,11 @@ def measure(lab, chief, host, args):
       step = int(found.group('step'))
       if start is None and step >= args.warmup:
         start = step
-      if start is not None and (not marks or step >= start + args.steps):
+      if start is not None:
         marks.append(dict(bytes=lab.link_bytes(host), step=step,
                           local_step=int(found.group('local_step')),
                           when=datetime.datetime.fromisoformat(found.group('time')).timestamp()))
-        if len(marks) == 2:
+        if step >= start + args.steps:
           return marks
   finally:
     timer.cancel()
